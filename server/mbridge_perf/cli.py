@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +41,65 @@ def _cmd_lint(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    """The config inputs every config-reading command takes, in composition order."""
+    p.add_argument("file", nargs="?", help="Bridge config YAML/JSON, a Hugging Face "
+                                           "config.json, or - for stdin")
+    p.add_argument("--preset", help="model preset to start from (see `mbridge-perf presets`)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="dotted override, e.g. model.tensor_model_parallel_size=8 (repeatable)")
+    p.add_argument("--json", action="store_true", help="print the JSON report")
+    p.set_defaults(flags=[])
+    p.epilog = ("Perf-harness flags go after --, e.g. `-- -tp 8 -pp 4 -ng 32 "
+                "--recompute_modules core_attn,mlp`.")
+
+
+def _load_config(args: argparse.Namespace, which: str = "file"):
+    from mbridge_perf.config.load import load_config
+
+    source = getattr(args, which)
+    flags = args.flags
+    if source == "-":
+        return load_config(preset=args.preset, text=sys.stdin.read(),
+                           overrides=args.overrides, flags=flags)
+    return load_config(preset=args.preset if which == "file" else None, file=source,
+                       overrides=args.overrides if which == "file" else (),
+                       flags=flags if which == "file" else ())
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from mbridge_perf.config.errors import ConfigError
+    from mbridge_perf.rules import RULES, validate
+    from mbridge_perf.rules.validate import format_report
+
+    if args.list_rules:
+        for r in RULES:
+            print(f"{r.id:45} {r.severity:7} {r.ref:6} {r.summary}")
+        return 0
+    try:
+        cfg = _load_config(args)
+        baseline = _load_config(args, "baseline") if args.baseline else None
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    report = validate(cfg, baseline)
+    print(report.model_dump_json(indent=2) if args.json else format_report(report))
+    return 0 if report.ok else 1
+
+
+def _cmd_presets(args: argparse.Namespace) -> int:
+    from mbridge_perf.config.presets import load_presets
+
+    presets = load_presets()
+    if args.json:
+        print(json.dumps({n: p.model_dump(mode="json") for n, p in presets.items()}, indent=2))
+        return 0
+    for name, p in presets.items():
+        active = f", {p.active_params_b:g}B active" if p.active_params_b else ""
+        print(f"{name:22} {p.published_params_b:g}B{active}  ({p.source})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mbridge-perf",
@@ -50,6 +110,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run the MCP server over stdio")
     p.set_defaults(func=_cmd_serve)
 
+    p = sub.add_parser("validate", help="check a training config against the rule catalog",
+                       description="Exit 0: no errors; 1: errors found; 2: unusable input.")
+    _add_config_args(p)
+    p.add_argument("--baseline", metavar="FILE",
+                   help="the config before your change (enables rules about the change)")
+    p.add_argument("--list-rules", action="store_true", help="print the rule catalog")
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("presets", help="list the model presets")
+    p.add_argument("--json", action="store_true", help="print every preset as JSON")
+    p.set_defaults(func=_cmd_presets)
+
     p = sub.add_parser("lint", help="lint the skill pack or one skill folder")
     p.add_argument("path", nargs="?", help="pack root or skills/<name> (default: the pack "
                                            "containing the current directory)")
@@ -59,7 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    flags: list[str] = []
+    if "--" in argv:  # everything after -- is perf-harness flags, passed through verbatim
+        cut = argv.index("--")
+        argv, flags = argv[:cut], argv[cut + 1:]
     args = build_parser().parse_args(argv)
+    if flags and not hasattr(args, "overrides"):
+        build_parser().error(f"{args.command} takes no perf-harness flags after --")
+    args.flags = flags
     return args.func(args)
 
 

@@ -1,0 +1,1 @@
+"""TrainingConfig, its readers, presets and the GPU catalog."""

@@ -1,0 +1,266 @@
+"""Read a TrainingConfig from what users already have, composed in this order (later wins):
+
+    preset name  →  Hugging Face config.json  →  YAML / JSON (file, text or mapping)
+                 →  dotted overrides (`model.tensor_model_parallel_size=8`, lists as `[a,b]`)
+                 →  perf-script flags (`-tp 8 -pp 4 --recompute_modules core_attn,mlp`)
+
+YAML is read with ``safe_load`` only. Every problem becomes one ``ConfigError`` naming the field.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping, Sequence
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from mbridge_perf.config.errors import ConfigError, did_you_mean
+from mbridge_perf.config.model import CARRIED_SECTIONS, Section, TrainingConfig
+
+# Hydra / OmegaConf instantiation markers found in Bridge config dumps; not fields.
+_MARKERS = frozenset({"_target_", "_partial_", "_call_", "_recursive_", "_convert_", "_args_"})
+_OURS = {"env", "cluster"}
+
+
+@cache
+def known_fields() -> dict[str, frozenset[str]]:
+    """Field names the real ConfigContainer sections accept (generated from Megatron-Core and
+    Megatron Bridge by scripts/gen_known_fields.py), plus the ones we model."""
+    text = resources.files("mbridge_perf.config").joinpath("known_fields.json").read_text()
+    data = json.loads(text)
+    sections = {k: frozenset(v) for k, v in data["sections"].items()}
+    for name, info in TrainingConfig.model_fields.items():
+        sub = info.annotation
+        for cls in getattr(sub, "__args__", (sub,)):
+            if isinstance(cls, type) and issubclass(cls, Section):
+                sections[name] = sections.get(name, frozenset()) | frozenset(cls.model_fields)
+    sections["top_level"] = frozenset(data.get("top_level", ())) | frozenset(
+        TrainingConfig.model_fields) | frozenset(CARRIED_SECTIONS)
+    return sections
+
+
+# ------------------------------------------------------------------ reading inputs
+
+def read_yaml(text: str, source: str = "config") -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(source, f"not valid YAML{where}: {problem}; fix the syntax "
+                                  "(indentation, quotes, a missing ':')") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, f"expected a mapping of sections (model:, train:, …), got "
+                                  f"{type(data).__name__}")
+    return data
+
+
+def read_file(path: str | Path) -> dict[str, Any]:
+    """A Bridge YAML/JSON config, or a Hugging Face config.json (architecture only)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read the file ({exc.strerror}); check the "
+                                     "path") from None
+    if p.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(str(path), f"not valid JSON at line {exc.lineno}: {exc.msg}"
+                              ) from None
+        if isinstance(data, dict) and ("architectures" in data or "model_type" in data):
+            return {"model": hf_model_fields(data, str(path))}
+        if not isinstance(data, dict):
+            raise ConfigError(str(path), "expected a JSON object of sections")
+        return data
+    return read_yaml(text, str(path))
+
+
+def hf_model_fields(data: Mapping[str, Any], source: str = "config.json") -> dict[str, Any]:
+    from mbridge_perf.config.hf import model_fields_from_hf
+
+    try:
+        return model_fields_from_hf(dict(data))
+    except ValueError as exc:
+        raise ConfigError(source, str(exc)) from None
+
+
+def preset_data(name: str) -> dict[str, Any]:
+    from mbridge_perf.config.presets import get_preset
+
+    try:
+        preset = get_preset(name)
+    except ValueError as exc:
+        raise ConfigError("preset", str(exc)) from None
+    model = {**copy.deepcopy(dict(preset.model)), **{
+        k: v for k, v in preset.defaults.items() if k in known_fields()["model"]}}
+    train = {k: v for k, v in preset.defaults.items() if k not in model}
+    return {"model": model, **({"train": train} if train else {})}
+
+
+# ------------------------------------------------------------------ overrides
+
+def parse_override(text: str) -> tuple[list[str], Any, bool]:
+    """`section.field=value` → (path, value, delete). Hydra's `+key=v` adds, `~key` deletes;
+    values are YAML scalars or flow lists (`[core_attn,mlp]`)."""
+    raw = text.strip()
+    delete = raw.startswith("~")
+    raw = raw.lstrip("+~")
+    key, sep, value = raw.partition("=")
+    key = key.strip()
+    whole_section = "." not in key and key in known_fields()["top_level"]
+    if (not sep and not delete) or not (whole_section or "." in key) or not all(
+            key.split(".")):
+        raise ConfigError(text, "an override must look like section.field=value, e.g. "
+                                "model.tensor_model_parallel_size=8")
+    path = key.split(".")
+    if delete:
+        return path, None, True
+    if path[0] == "env":
+        return path, value, False  # environment values stay strings, verbatim
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError:
+        parsed = value
+    return path, parsed, False
+
+
+def set_path(data: dict[str, Any], path: Sequence[str], value: Any, delete: bool = False
+             ) -> None:
+    node = data
+    for part in path[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    if delete:
+        node.pop(path[-1], None)
+    else:
+        node[path[-1]] = value
+
+
+def merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep merge: mappings merge key by key, anything else replaces."""
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+# ------------------------------------------------------------------ building
+
+def _strip_markers(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _strip_markers(v) for k, v in obj.items() if k not in _MARKERS}
+    if isinstance(obj, list):
+        return [_strip_markers(v) for v in obj]
+    return obj
+
+
+def _check_names(data: Mapping[str, Any]) -> None:
+    from mbridge_perf.config.derived import MIXED_PRECISION_RECIPES
+
+    known = known_fields()
+    mp = data.get("mixed_precision")
+    if isinstance(mp, str) and mp not in MIXED_PRECISION_RECIPES:
+        raise ConfigError("mixed_precision", f"unknown recipe {mp!r}" + did_you_mean(
+            mp, MIXED_PRECISION_RECIPES) + "; use a Bridge recipe name such as bf16_mixed or "
+                                           "a mapping of mixed_precision fields")
+    for top, value in data.items():
+        if top not in known["top_level"]:
+            raise ConfigError(top, "not a config section" + did_you_mean(
+                top, known["top_level"]) + "; sections are " + ", ".join(
+                sorted(TrainingConfig.model_fields)) + " and the other Bridge ConfigContainer "
+                                                       "sections")
+        if top in _OURS or top not in known or not isinstance(value, Mapping):
+            continue
+        for name in value:
+            if name in known[top] or name in _MARKERS:
+                continue
+            home = [s for s, names in known.items()
+                    if s not in ("top_level", top) and name in names]
+            hint = (f"; it belongs in {home[0]}: use {home[0]}.{name}" if home
+                    else did_you_mean(name, known[top]) or
+                    f"; no {top} field of Megatron Bridge / Megatron-Core has this name")
+            raise ConfigError(f"{top}.{name}", "unknown field" + hint)
+
+
+def _type_problem(err: dict[str, Any]) -> str:
+    kind, ctx, got = err["type"], err.get("ctx", {}), err.get("input")
+    if kind in ("greater_than_equal", "greater_than"):
+        return f"must be ≥ {ctx.get('ge', ctx.get('gt'))}, got {got!r}"
+    if kind in ("less_than_equal", "less_than"):
+        return (f"{got!r} is beyond any real training run (limit "
+                f"{ctx.get('le', ctx.get('lt'))}); check the value")
+    if kind == "literal_error":
+        return f"got {got!r}; expected one of {ctx.get('expected')}"
+    if kind.endswith("_parsing") or kind.endswith("_type"):
+        want = kind.split("_")[0]
+        return f"expected {'a whole number' if want == 'int' else want}, got {got!r}"
+    if kind == "extra_forbidden":
+        return "unknown field"
+    return f"{err['msg']} (got {got!r})"
+
+
+def build(data: Mapping[str, Any]) -> TrainingConfig:
+    """Turn a merged mapping into a TrainingConfig, or raise one ConfigError."""
+    clean = _strip_markers(dict(data))
+    _check_names(clean)
+    bridge_env = clean.pop("env_vars", None)
+    if isinstance(bridge_env, dict):  # Bridge's own name for the job environment
+        clean["env"] = {**bridge_env, **(clean.get("env") or {})}
+    env = clean.get("env")
+    if isinstance(env, dict):
+        clean["env"] = {str(k): "" if v is None else str(v) for k, v in env.items()}
+    try:
+        return TrainingConfig.model_validate(clean)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = [str(p) for p in err["loc"] if not str(p).endswith("Section") and not str(
+            p).startswith(("str", "literal", "int", "list", "float", "bool", "function"))]
+        raise ConfigError(".".join(loc) or "config", _type_problem(err)) from None
+
+
+def load_config(*, preset: str | None = None, file: str | Path | None = None,
+                text: str | None = None, data: Mapping[str, Any] | None = None,
+                hf_config: Mapping[str, Any] | None = None,
+                overrides: Sequence[str] = (), flags: Sequence[str] = ()) -> TrainingConfig:
+    """Compose every input the user has, in the documented order, into one TrainingConfig."""
+    merged: dict[str, Any] = {}
+    flag_overrides, flag_preset = ([], None)
+    if flags:
+        from mbridge_perf.config.flags import parse_perf_flags
+
+        flag_overrides, flag_preset = parse_perf_flags(flags)
+    if preset or flag_preset:
+        merged = preset_data(preset or flag_preset or "")
+    if hf_config is not None:
+        merged = merge(merged, {"model": hf_model_fields(hf_config)})
+    if file is not None:
+        merged = merge(merged, read_file(file))
+    if text is not None:
+        merged = merge(merged, read_yaml(text))
+    if data is not None:
+        if not isinstance(data, Mapping):
+            raise ConfigError("config", "expected a mapping of sections (model:, train:, …)")
+        merged = merge(merged, data)
+    for item in overrides:
+        path, value, delete = parse_override(item)
+        set_path(merged, path, value, delete)
+    for path, value in flag_overrides:
+        set_path(merged, path, value)
+    return build(merged)

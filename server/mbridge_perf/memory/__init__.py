@@ -1,0 +1,1 @@
+"""Per-GPU memory estimation: parameter counts, model state, activations, pipeline stages."""

@@ -1,0 +1,515 @@
+"""Parameter counts from a `model` section, layer by layer, as Megatron-Core builds the model.
+
+Why layer by layer: a per-pipeline-stage estimator sums the layers a stage owns
+(`layer_params(model, i)`), adds the embedding on the first stage and the output layer, final
+norm and MTP layers on the last. Why a `tp_replicated` count: norms, routers and a few
+projections are held whole on every tensor-parallel rank, so per-GPU shares are not total / TP.
+
+Shapes follow the Transformer Engine layer specs used for training. A norm fused into the next
+linear (TE's LayerNormColumnParallelLinear) is counted once, where the unfused model has it.
+Buffers (rotary caches, the MoE router's expert bias) are not parameters and are not counted.
+Pure arithmetic: no torch or megatron import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, computed_field
+
+from mbridge_perf.config.model import ModelSection
+
+Mixer = Literal["attention", "mla", "gdn", "mamba", "none"]
+MLPKind = Literal["dense", "moe", "none"]
+
+# MambaMixer's causal-conv width: a constructor default in Megatron-Core, not a config field.
+MAMBA_CONV_KERNEL = 4
+# Megatron-Core's MambaMixer expansion when `mamba_num_heads` is not given.
+MAMBA_EXPAND = 2
+# Hybrid-pattern symbols (Megatron-Core `Symbols`): Mamba, attention, dense MLP, MoE.
+HYBRID_SYMBOLS = {"M": ("mamba", "none"), "*": ("attention", "none"), "-": ("none", "dense"),
+                  "E": ("none", "moe")}
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """What one decoder layer holds: its token mixer and its MLP."""
+
+    mixer: Mixer
+    mlp: MLPKind
+
+
+class LayerParams(BaseModel):
+    """Parameters of one transformer layer (a decoder layer, or the body of an MTP layer)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    index: int
+    mixer: Mixer
+    mlp: MLPKind
+    attention: int
+    """Token mixer (attention, MLA, GatedDeltaNet or Mamba) with its biases and inner norms
+    (q/k norms, MLA latent norms, GDN/Mamba output norm, attention sinks)."""
+    norms: int
+    """The layer's own norms: the input norm before the mixer and the pre-MLP norm."""
+    dense_mlp: int
+    routed_experts: int
+    routed_per_expert: int
+    shared_experts: int
+    """Shared experts, including the shared-expert gate."""
+    router: int
+    topk: int
+    tp_replicated: int
+    """Non-expert parameters every TP rank holds whole (norms, router, row-parallel biases, MLA
+    down-projections); the rest of the non-expert parameters divide by TP. Routed experts are
+    a separate bucket (they divide by EP x ETP)."""
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def total(self) -> int:
+        return (self.attention + self.norms + self.dense_mlp + self.routed_experts
+                + self.shared_experts + self.router)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def active(self) -> int:
+        """Parameters one token passes through: the routed experts count top-k times one."""
+        return self.total - self.routed_experts + self.routed_per_expert * self.topk
+
+
+class MTPLayerParams(BaseModel):
+    """One DeepSeek-style multi-token-prediction layer. The embedding and output layer are
+    shared with the main model and not counted again."""
+
+    model_config = ConfigDict(frozen=True)
+
+    depth: int
+    layer: LayerParams
+    projection: int
+    """eh_proj: concatenated [embedding, hidden] (2h) down to h, no bias."""
+    norms: int
+    """enorm, hnorm and the MTP layer's own final norm."""
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def total(self) -> int:
+        return self.layer.total + self.projection + self.norms
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def active(self) -> int:
+        return self.layer.active + self.projection + self.norms
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def tp_replicated(self) -> int:
+        return self.layer.tp_replicated + self.norms
+
+
+class ParamCount(BaseModel):
+    """Global parameter count of one model (all ranks together, each parameter once)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    vocab_size: int
+    """Vocabulary rows of the embedding (padded or not, as asked)."""
+    embedding: int
+    """Word embeddings plus learned absolute positions (if any)."""
+    position_embedding: int = 0
+    """The learned absolute position part of `embedding` (replicated across TP)."""
+    output_layer: int
+    """Untied output projection; 0 when tied to the embedding."""
+    final_norm: int
+    layers: tuple[LayerParams, ...]
+    mtp_layers: tuple[MTPLayerParams, ...] = ()
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def decoder(self) -> int:
+        return sum(layer.total for layer in self.layers)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def mtp(self) -> int:
+        return sum(layer.total for layer in self.mtp_layers)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def total(self) -> int:
+        return self.embedding + self.output_layer + self.final_norm + self.decoder + self.mtp
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def active(self) -> int:
+        """Per-token parameters: everything but the routed experts a token skips. Includes the
+        embedding table and MTP layers; subtract them for conventions that leave them out."""
+        return (self.embedding + self.output_layer + self.final_norm
+                + sum(layer.active for layer in self.layers)
+                + sum(layer.active for layer in self.mtp_layers))
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def mtp_active(self) -> int:
+        return sum(layer.active for layer in self.mtp_layers)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def routed_experts(self) -> int:
+        return (sum(layer.routed_experts for layer in self.layers)
+                + sum(m.layer.routed_experts for m in self.mtp_layers))
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def non_expert(self) -> int:
+        """Everything outside the routed experts (sharded by TP/PP, optimizer over DP x CP)."""
+        return self.total - self.routed_experts
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def tp_replicated(self) -> int:
+        """Non-expert parameters every TP rank holds whole (see LayerParams.tp_replicated)."""
+        return (self.position_embedding + self.final_norm
+                + sum(layer.tp_replicated for layer in self.layers)
+                + sum(layer.tp_replicated for layer in self.mtp_layers))
+
+    def by_kind(self) -> dict[str, int]:
+        """Decoder totals split the way memory reasoning needs them (MTP layers excluded)."""
+        parts = ("attention", "norms", "dense_mlp", "routed_experts", "shared_experts", "router")
+        out = {part: sum(getattr(layer, part) for layer in self.layers) for part in parts}
+        out["dense_layers"] = sum(x.total for x in self.layers if x.mlp != "moe")
+        out["moe_layers"] = sum(x.total for x in self.layers if x.mlp == "moe")
+        out["num_dense_layers"] = sum(1 for x in self.layers if x.mlp == "dense")
+        out["num_moe_layers"] = sum(1 for x in self.layers if x.mlp == "moe")
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# reading the model section
+
+
+def as_model(model: ModelSection | Mapping[str, Any]) -> ModelSection:
+    """Accept a ModelSection or a plain dict of model-section fields (e.g. a preset)."""
+    if isinstance(model, ModelSection):
+        return model
+    return ModelSection.model_validate(dict(model))
+
+
+def _opt(model: ModelSection, name: str, default: Any = None) -> Any:
+    """A field that may be modelled or carried as an extra (Megatron-Core names)."""
+    value = getattr(model, name, None)
+    if value is None:
+        value = (model.__pydantic_extra__ or {}).get(name)
+    return default if value is None else value
+
+
+def _need(model: ModelSection, name: str) -> Any:
+    value = _opt(model, name)
+    if value is None:
+        raise ValueError(f"model.{name} is required to count parameters")
+    return value
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int = 1) -> int:
+    """Megatron's padding: round the vocabulary up to a multiple of divisor x TP."""
+    multiple = divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
+
+
+def hybrid_pattern(model: ModelSection) -> str | None:
+    """The hybrid Mamba layer pattern, under either Bridge spelling."""
+    pattern = _opt(model, "hybrid_override_pattern") or _opt(model, "hybrid_layer_pattern")
+    if pattern is None:
+        return None
+    pattern = str(pattern)
+    bad = sorted(set(pattern) - set(HYBRID_SYMBOLS))
+    if bad:
+        raise ValueError(f"model.hybrid_override_pattern has symbols {bad} that are not "
+                         f"modelled (known: {sorted(HYBRID_SYMBOLS)}; MTP parts after '/' "
+                         "are not supported)")
+    return pattern
+
+
+def num_layers(model: ModelSection) -> int:
+    pattern = hybrid_pattern(model)
+    if pattern is not None:
+        if model.num_layers is not None and model.num_layers != len(pattern):
+            raise ValueError(f"model.num_layers={model.num_layers} but the hybrid pattern has "
+                             f"{len(pattern)} layers")
+        return len(pattern)
+    return int(_need(model, "num_layers"))
+
+
+def _pattern(freq: Any, n: int, name: str, *, int_rule: Any) -> list[int]:
+    if isinstance(freq, bool):
+        raise ValueError(f"model.{name} must be an int or a list of 0/1, got {freq!r}")
+    if isinstance(freq, int):
+        if freq < 1:
+            raise ValueError(f"model.{name} must be >= 1, got {freq}")
+        return [int_rule(i, freq) for i in range(n)]
+    if isinstance(freq, list | tuple):
+        if len(freq) != n:
+            raise ValueError(f"model.{name} has {len(freq)} entries, expected {n} (num_layers)")
+        return [1 if v else 0 for v in freq]
+    raise ValueError(f"model.{name} must be an int or a list of 0/1, got {freq!r}")
+
+
+def moe_pattern(model: ModelSection) -> list[int]:
+    """1 where a decoder layer is MoE: int N = every Nth layer from layer 0; list = per layer."""
+    n = num_layers(model)
+    if not model.num_moe_experts:
+        return [0] * n
+    return _pattern(model.moe_layer_freq, n, "moe_layer_freq",
+                    int_rule=lambda i, k: 1 if i % k == 0 else 0)
+
+
+def linear_attention_pattern(model: ModelSection) -> list[int]:
+    """1 where a layer uses GatedDeltaNet: int N = every Nth layer (1-based) is full attention."""
+    n = num_layers(model)
+    variant = model.experimental_attention_variant
+    if variant is None:
+        return [0] * n
+    if variant != "gated_delta_net":
+        raise ValueError(f"model.experimental_attention_variant={variant!r} is not modelled; "
+                         "supported: gated_delta_net")
+    return _pattern(_need(model, "linear_attention_freq"), n, "linear_attention_freq",
+                    int_rule=lambda i, k: 0 if (i + 1) % k == 0 else 1)
+
+
+def layer_kinds(model: ModelSection | Mapping[str, Any]) -> tuple[LayerKind, ...]:
+    """Mixer and MLP kind of every decoder layer, in order."""
+    m = as_model(model)
+    pattern = hybrid_pattern(m)
+    if pattern is not None:
+        return tuple(LayerKind(*HYBRID_SYMBOLS[c]) for c in pattern)
+    attn: Mixer = "mla" if m.multi_latent_attention else "attention"
+    gdn = linear_attention_pattern(m)
+    moe = moe_pattern(m)
+    return tuple(LayerKind("gdn" if g else attn, "moe" if e else "dense")
+                 for g, e in zip(gdn, moe, strict=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# pieces
+
+
+def _norm(model: ModelSection, width: int) -> int:
+    """LayerNorm has a weight and a bias, RMSNorm a weight."""
+    return 2 * width if model.normalization == "LayerNorm" else width
+
+
+def _heads(model: ModelSection) -> tuple[int, int, int]:
+    h = int(_need(model, "hidden_size"))
+    a = int(_need(model, "num_attention_heads"))
+    g = int(model.num_query_groups or a)
+    d = int(model.kv_channels or h // a)
+    return a, g, d
+
+
+def _attention(model: ModelSection) -> tuple[int, int]:
+    """Softmax attention (MHA/GQA): (params, TP-replicated params), input norm excluded."""
+    h = int(_need(model, "hidden_size"))
+    a, g, d = _heads(model)
+    q_out = a * d * (2 if _opt(model, "attention_output_gate", False) else 1)
+    qkv_out = q_out + 2 * g * d
+    params = h * qkv_out + a * d * h
+    replicated = 0
+    if model.add_bias_linear or model.add_qkv_bias:
+        params += qkv_out
+    if model.add_bias_linear:
+        params += h
+        replicated += h
+    if model.qk_layernorm:
+        qk = 2 * _norm(model, d)
+        params += qk
+        replicated += qk
+    if _opt(model, "softmax_type", "vanilla") == "learnable":
+        params += a  # attention sinks: one learned logit per head, split with the heads
+    return params, replicated
+
+
+def _mla(model: ModelSection) -> tuple[int, int]:
+    """Multi-latent attention (DeepSeek-V2/V3): (params, TP-replicated params)."""
+    h = int(_need(model, "hidden_size"))
+    a = int(_need(model, "num_attention_heads"))
+    r_q, r_kv = model.q_lora_rank, model.kv_lora_rank
+    d_n, d_r, d_v = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
+    q_head = a * (d_n + d_r)
+    kv_down = h * (r_kv + d_r)
+    params = kv_down + r_kv * a * (d_n + d_v) + a * d_v * h
+    replicated = kv_down  # TE spec: the down-projections are duplicated on every TP rank
+    if r_q is None:
+        params += h * q_head
+    else:
+        params += h * r_q + r_q * q_head
+        replicated += h * r_q
+    if model.qk_layernorm:
+        norms = _norm(model, r_kv) + (_norm(model, r_q) if r_q is not None else 0)
+        params += norms
+        replicated += norms
+    if model.add_bias_linear:
+        params += h
+        replicated += h
+    return params, replicated
+
+
+def _gdn(model: ModelSection) -> tuple[int, int]:
+    """GatedDeltaNet (Qwen3-Next linear attention): (params, TP-replicated params)."""
+    h = int(_need(model, "hidden_size"))
+    kernel = int(_opt(model, "linear_conv_kernel_dim", 4))
+    d_k = int(_opt(model, "linear_key_head_dim", 128))
+    d_v = int(_opt(model, "linear_value_head_dim", 128))
+    n_k = int(_opt(model, "linear_num_key_heads", 16))
+    n_v = int(_opt(model, "linear_num_value_heads", 32))
+    qk, v = n_k * d_k, n_v * d_v
+    in_proj = h * (2 * qk + 2 * v + 2 * n_v)  # q, k, v, output gate z, beta, alpha
+    conv = (2 * qk + v) * kernel  # depthwise, no bias
+    out_norm = _norm(model, d_v)  # one norm over each value head, shared by the heads
+    params = in_proj + conv + 2 * n_v + out_norm + v * h  # + dt_bias, A_log; out_proj
+    return params, out_norm
+
+
+def _mamba(model: ModelSection) -> tuple[int, int]:
+    """Mamba-2 mixer as Megatron-Core's MambaMixer builds it: (params, TP-replicated)."""
+    h = int(_need(model, "hidden_size"))
+    head_dim = int(_opt(model, "mamba_head_dim", 64))
+    state = int(_opt(model, "mamba_state_dim", 128))
+    groups = int(_opt(model, "mamba_num_groups", 8))
+    heads = _opt(model, "mamba_num_heads")
+    d_inner = int(heads) * head_dim if heads is not None else MAMBA_EXPAND * h
+    heads = int(heads) if heads is not None else d_inner // head_dim
+    conv_dim = d_inner + 2 * groups * state  # x, B, C
+    in_proj = h * (2 * d_inner + 2 * groups * state + heads)  # z, x, B, C, dt
+    conv = conv_dim * MAMBA_CONV_KERNEL + conv_dim  # depthwise weight + bias
+    params = in_proj + conv + 3 * heads + d_inner + d_inner * h  # dt_bias, A_log, D; norm; out
+    return params, 0
+
+
+def _mlp(model: ModelSection, width: int, *, bias: bool | None = None) -> tuple[int, int]:
+    """A (possibly gated) MLP of the given width: (params, TP-replicated params)."""
+    h = int(_need(model, "hidden_size"))
+    fc1_out = 2 * width if model.gated_linear_unit else width
+    params = h * fc1_out + width * h
+    replicated = 0
+    if model.add_bias_linear if bias is None else bias:
+        params += fc1_out + h
+        replicated += h
+    return params, replicated
+
+
+def _ffn_width(model: ModelSection) -> int:
+    return int(model.ffn_hidden_size or 4 * int(_need(model, "hidden_size")))
+
+
+def _layer(model: ModelSection, index: int, kind: LayerKind) -> LayerParams:
+    h = int(_need(model, "hidden_size"))
+    norm = _norm(model, h)
+    attention = replicated = 0
+    if kind.mixer != "none":
+        attention, replicated = {"attention": _attention, "mla": _mla, "gdn": _gdn,
+                                 "mamba": _mamba}[kind.mixer](model)
+    hybrid = hybrid_pattern(model) is not None
+    # A GPT layer always has an input norm and a pre-MLP norm; a hybrid (Mamba-stack) layer
+    # holds one block and its one norm.
+    norms = norm if hybrid else 2 * norm
+    dense = routed = per_expert = shared = router = topk = 0
+    if kind.mlp == "dense":
+        dense, rep = _mlp(model, _ffn_width(model))
+        replicated += rep
+    elif kind.mlp == "moe":
+        experts = int(_need(model, "num_moe_experts"))
+        width = int(model.moe_ffn_hidden_size or _ffn_width(model))
+        per_expert, _ = _mlp(model, width)
+        routed = experts * per_expert
+        topk = int(model.moe_router_topk)
+        router = h * experts + (experts if model.add_bias_linear else 0)
+        replicated += router
+        if model.moe_shared_expert_intermediate_size:
+            # Megatron-Core's shared experts refuse biases, so none are counted.
+            shared, rep = _mlp(model, int(model.moe_shared_expert_intermediate_size),
+                               bias=False)
+            replicated += rep
+            if _opt(model, "moe_shared_expert_gate", False):
+                shared += h
+                replicated += h
+    replicated += norms
+    return LayerParams(index=index, mixer=kind.mixer, mlp=kind.mlp, attention=attention,
+                       norms=norms, dense_mlp=dense, routed_experts=routed,
+                       routed_per_expert=per_expert, shared_experts=shared, router=router,
+                       topk=topk, tp_replicated=replicated)
+
+
+# ---------------------------------------------------------------------------------------------
+# public entry points
+
+
+def layer_params(model: ModelSection | Mapping[str, Any], layer_index: int) -> LayerParams:
+    """Parameters of decoder layer `layer_index` (0-based), for per-stage sums."""
+    m = as_model(model)
+    kinds = layer_kinds(m)
+    if not 0 <= layer_index < len(kinds):
+        raise ValueError(f"layer_index {layer_index} out of range 0..{len(kinds) - 1}")
+    return _layer(m, layer_index, kinds[layer_index])
+
+
+def mtp_layer_params(model: ModelSection | Mapping[str, Any], depth: int = 0) -> MTPLayerParams:
+    """One MTP layer: Megatron-Core reuses the last decoder layer's spec for its transformer
+    layer (softmax attention or MLA, never a linear-attention mixer)."""
+    m = as_model(model)
+    if hybrid_pattern(m) is not None:
+        raise ValueError("MTP layers of hybrid Mamba models are not modelled")
+    n_mtp = int(m.mtp_num_layers or 0)
+    if not 0 <= depth < n_mtp:
+        raise ValueError(f"MTP depth {depth} out of range (model.mtp_num_layers={n_mtp})")
+    h = int(_need(m, "hidden_size"))
+    last = layer_kinds(m)[-1]
+    kind = LayerKind("mla" if m.multi_latent_attention else "attention", last.mlp)
+    layer = _layer(m, num_layers(m) + depth, kind)
+    return MTPLayerParams(depth=depth, layer=layer, projection=2 * h * h,
+                          norms=3 * _norm(m, h))
+
+
+def vocab_rows(model: ModelSection | Mapping[str, Any], *, pad_vocab: bool | None = None,
+               tp: int | None = None) -> int:
+    """Embedding rows: the tokenizer vocabulary, padded to divisor x TP unless told not to.
+
+    `pad_vocab=None` follows an explicit `should_pad_vocab` in the section (Bridge's switch)
+    and otherwise pads, as Megatron-LM always does; the larger count errs on the safe side.
+    """
+    m = as_model(model)
+    vocab = int(_need(m, "vocab_size"))
+    if pad_vocab is None:
+        pad_vocab = bool(_opt(m, "should_pad_vocab", True))
+    if not pad_vocab:
+        return vocab
+    return padded_vocab_size(vocab, m.make_vocab_size_divisible_by,
+                             tp or m.tensor_model_parallel_size)
+
+
+def count_params(model: ModelSection | Mapping[str, Any], *, pad_vocab: bool | None = None,
+                 tp: int | None = None) -> ParamCount:
+    """Every parameter of the model once: embedding, decoder layers, final norm, output layer
+    (when untied) and MTP layers. Published counts use `pad_vocab=False`.
+
+    With tied embeddings and PP > 1 Megatron keeps a second copy of the embedding on the last
+    stage; that copy is a per-stage matter and is not in this global count.
+    """
+    m = as_model(model)
+    h = int(_need(m, "hidden_size"))
+    rows = vocab_rows(m, pad_vocab=pad_vocab, tp=tp)
+    positions = 0
+    if m.position_embedding_type == "learned_absolute":
+        # Bridge builds the table with max_sequence_length = seq_length.
+        table = m.seq_length or m.max_position_embeddings
+        if table is None:
+            raise ValueError("learned_absolute positions need model.seq_length "
+                             "(or max_position_embeddings)")
+        positions = int(table) * h
+    output = 0 if m.share_embeddings_and_output_weights else rows * h
+    kinds = layer_kinds(m)
+    layers = tuple(_layer(m, i, kind) for i, kind in enumerate(kinds))
+    mtp = tuple(mtp_layer_params(m, d) for d in range(int(m.mtp_num_layers or 0)))
+    return ParamCount(vocab_size=rows, embedding=rows * h + positions,
+                      position_embedding=positions, output_layer=output,
+                      final_norm=_norm(m, h), layers=layers, mtp_layers=mtp)

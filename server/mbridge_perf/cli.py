@@ -12,9 +12,22 @@ from mbridge_perf import __version__
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from mbridge_perf.server import build_server  # imports mcp: only when serving
+    import os
 
-    build_server().run()
+    from mbridge_perf.config.errors import ConfigError
+    from mbridge_perf.server import TOKEN_ENV, build_server, http_app, serve_http
+
+    server = build_server()
+    if not args.http:
+        server.run()  # stdio: stdout is the wire
+        return 0
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    try:
+        http_app(server, args.host, token)  # refuses an unsafe bind before anything listens
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    serve_http(server, args.host, args.port, token)
     return 0
 
 
@@ -107,7 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("serve", help="run the MCP server over stdio")
+    p = sub.add_parser("serve", help="run the MCP server (stdio by default)")
+    p.add_argument("--http", action="store_true", help="serve streamable HTTP at /mcp instead")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default loopback; "
+                                                       "any other needs a token)")
+    p.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765)")
+    p.add_argument("--token", help="bearer token HTTP clients must send (default: "
+                                   "$MBRIDGE_PERF_TOKEN)")
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("validate", help="check a training config against the rule catalog",

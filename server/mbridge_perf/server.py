@@ -1,21 +1,72 @@
-"""MCP wiring only: resources (and, in later steps, tools and prompts) that call into the
-package. No logic lives here that the CLI cannot reach."""
+"""MCP wiring only: tools, resources and prompts over the package's pure functions, and the
+stdio / streamable-HTTP transports. No logic lives here that the CLI cannot reach."""
 
 from __future__ import annotations
 
+import hmac
+import inspect
+import ipaddress
+import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+from pydantic import BaseModel, Field
 
 from mbridge_perf import __version__
-from mbridge_perf.skillpack.pack import CARD_FILE, SKILL_FILE, find_pack_root, list_skills
+from mbridge_perf.config.errors import ConfigError
+from mbridge_perf.config.load import ConfigSource, load_source
+from mbridge_perf.rules.validate import ValidationReport
+from mbridge_perf.skillpack.pack import CARD_FILE, SKILL_FILE, Skill, find_pack_root, list_skills
+
+log = logging.getLogger("mbridge_perf.server")
 
 INSTRUCTIONS = (
-    "Megatron Bridge training-performance skills. Read skill://<name>/SKILL.md for the "
-    "checklist that fits the question (GPU OOM and memory, activation recompute, long-context "
-    "MoE, MoE optimisation workflow) and skill://<name>/card.yaml for its machine-readable facts."
+    "Megatron Bridge / Megatron-Core training-performance tools and skills. Pass the user's "
+    "training config as they have it (a Bridge config mapping or YAML, a preset name, dotted "
+    "overrides, perf-harness flags). validate_config checks it against Megatron's constraints "
+    "before a launch. Read skill://<name>/SKILL.md for the checklist that fits the question "
+    "(GPU OOM and memory, activation recompute, long-context MoE, MoE optimisation workflow)."
 )
+
+# All four hints set on purpose (clients treat a missing destructiveHint as true).
+PURE = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True,
+                       open_world_hint=False)
+
+# Prompt name → skill whose answer checklist it walks through.
+PROMPTS = {
+    "oom_triage": "nemo-mbridge-perf-memory-tuning",
+    "recompute_plan": "nemo-mbridge-perf-activation-recompute",
+    "long_context_moe_plan": "nemo-mbridge-perf-moe-long-context",
+    "moe_optimization_workflow": "nemo-mbridge-perf-moe-optimization-workflow",
+}
+
+
+class PresetInfo(BaseModel):
+    name: str = Field(description="preset name to pass as preset")
+    params_b: float = Field(description="published total parameters, billions")
+    active_params_b: float | None = Field(description="published active parameters per token "
+                                                      "(MoE), billions")
+    num_layers: int | None
+    hidden_size: int | None
+    num_moe_experts: int | None
+    source: str = Field(description="where the architecture numbers come from")
+
+
+class PresetList(BaseModel):
+    presets: list[PresetInfo]
+
+
+def _config(src: ConfigSource, what: str = "config") -> Any:
+    try:
+        return load_source(src)
+    except ConfigError as exc:
+        where = "" if what == "config" else f"{what} "
+        raise ToolError(f"{where}{exc}. Fix that field and call again.") from None
 
 
 def _reader(path: Path) -> Callable[[], str]:
@@ -25,11 +76,55 @@ def _reader(path: Path) -> Callable[[], str]:
     return read
 
 
-def build_server(pack_root: Path | None = None) -> MCPServer:
-    """Build the server over a pack; files are read on each request so edits show at once."""
-    root = pack_root or find_pack_root()
-    server = MCPServer("mbridge-perf", version=__version__, instructions=INSTRUCTIONS)
-    for skill in list_skills(root):
+def _register_tools(server: MCPServer) -> list[str]:
+    """Register every tool whose function exists (never a stub); return their names."""
+
+    def validate_config(
+            config: Annotated[ConfigSource, Field(description="The training config to check.")],
+            baseline: Annotated[ConfigSource | None, Field(
+                description="Optional: the config before the user's change.")] = None,
+    ) -> ValidationReport:
+        """Check a Megatron Bridge training config against Megatron-Core / Megatron Bridge
+        constraints and the skills' documented hazards before launching, or to explain a
+        start-up error. Returns ok, findings (rule_id, severity error|warning|info, message with
+        the user's values, fields, the fix as a config change, the skill that documents it),
+        derived sizes (DP, expert DP, microbatches, layers per pipeline stage) and the fields
+        accepted but not used. Give baseline (the config before the user's change) to also
+        judge the change itself, e.g. TP raised or VPP changed to fix an OOM. Pure check:
+        runs nothing, needs no GPU."""
+        from mbridge_perf.rules import validate
+
+        cfg = _config(config)
+        base = _config(baseline, "baseline") if baseline is not None else None
+        return validate(cfg, base)
+
+    def list_presets() -> PresetList:
+        """List the model presets (Llama3, Qwen3, Qwen3-Next, DeepSeek-V3, Moonlight, GPT-OSS,
+        Mixtral, Nemotron-H): name, published total and active parameter counts, layers,
+        hidden size, experts and the source of the architecture. Pass a name as
+        config.preset to the other tools instead of spelling out the model section."""
+        from mbridge_perf.config.presets import load_presets
+
+        out = []
+        for name, p in load_presets().items():
+            m = p.model
+            out.append(PresetInfo(name=name, params_b=p.published_params_b,
+                                  active_params_b=p.active_params_b,
+                                  num_layers=m.get("num_layers"), hidden_size=m.get("hidden_size"),
+                                  num_moe_experts=m.get("num_moe_experts"), source=p.source))
+        return PresetList(presets=out)
+
+    tools = [(validate_config, "Validate a training config", PURE),
+             (list_presets, "List model presets", PURE)]
+    for fn, title, hints in tools:
+        # cleandoc: the docstring is the description the assistant reads, without indentation
+        server.tool(title=title, annotations=hints,
+                    description=inspect.cleandoc(fn.__doc__ or ""))(fn)
+    return [fn.__name__ for fn, _, _ in tools]
+
+
+def _register_resources(server: MCPServer, skills: list[Skill]) -> None:
+    for skill in skills:
         name = skill.folder_name
         desc = str(skill.frontmatter.get("description", ""))
         server.resource(f"skill://{name}/SKILL.md", name=f"{name}/SKILL.md",
@@ -37,7 +132,153 @@ def build_server(pack_root: Path | None = None) -> MCPServer:
                         mime_type="text/markdown")(_reader(skill.path / SKILL_FILE))
         server.resource(f"skill://{name}/card.yaml", name=f"{name}/card.yaml",
                         title=f"{name} (card.yaml)",
-                        description=f"Machine-readable card of {name}: checklist, measured "
-                                    "results, constraints.",
+                        description=f"Machine-readable card of {name}: answer checklist, "
+                                    "measured results, constraints, rule ids.",
                         mime_type="application/yaml")(_reader(skill.path / CARD_FILE))
+
+    @server.resource("mbridge-perf://rules", name="rules", title="Validator rule catalog",
+                     description="Every validate_config rule: id, severity, constraint ref, "
+                                 "source, fields, summary, documenting skill.",
+                     mime_type="application/json")
+    def rules_resource() -> str:
+        from mbridge_perf.rules.catalog import describe_rules
+
+        return json.dumps(describe_rules(), indent=1)
+
+    @server.resource("mbridge-perf://presets", name="presets", title="Model presets",
+                     description="Every preset with its model-section fields and sources.",
+                     mime_type="application/json")
+    def presets_resource() -> str:
+        from mbridge_perf.config.presets import load_presets
+
+        return json.dumps({n: p.model_dump(mode="json") for n, p in load_presets().items()},
+                          indent=1)
+
+
+def _checklist_prompt(skill: Skill, tools: list[str]) -> Callable[..., str]:
+    name = skill.folder_name
+
+    def render(situation: str, config: str = "") -> str:
+        items = skill.card["answer_checklist"]
+        steps = "\n".join(f"{i}. {item['text']}" for i, item in enumerate(items, 1))
+        calls = ", ".join(t for t in ("validate_config", "estimate_memory",
+                                      "recommend_recompute", "plan_parallelism") if t in tools)
+        parts = [f"Use the {name} skill (read skill://{name}/SKILL.md first).",
+                 f"Situation: {situation.strip()}"]
+        if config.strip():
+            parts.append(f"Training config:\n```yaml\n{config.strip()}\n```")
+            parts.append(f"Call {calls} with this config (as config.bridge_config) before "
+                         "recommending anything, and quote the findings you rely on.")
+        parts.append("Answer in this order, the skill's first-answer checklist:\n" + steps)
+        parts.append("Use Megatron Bridge field names verbatim and say what you did not "
+                     "measure.")
+        return "\n\n".join(parts)
+
+    return render
+
+
+def _register_prompts(server: MCPServer, skills: list[Skill], tools: list[str]) -> None:
+    by_name = {s.folder_name: s for s in skills}
+    for prompt, skill_name in PROMPTS.items():
+        skill = by_name.get(skill_name)
+        if skill is None:
+            continue
+        desc = (f"Walk through the {skill_name} answer checklist for the user's situation; "
+                "optionally validate their config first.")
+        fn = _checklist_prompt(skill, tools)
+        fn.__name__ = prompt
+        fn.__doc__ = desc
+        server.prompt(name=prompt, title=prompt.replace("_", " ").capitalize(),
+                      description=desc)(fn)
+
+
+def build_server(pack_root: Path | None = None) -> MCPServer:
+    """The whole server; skill files are read on each request so edits show at once."""
+    root = pack_root or find_pack_root()
+    skills = list_skills(root)
+    server = MCPServer("mbridge-perf", version=__version__, instructions=INSTRUCTIONS)
+    tools = _register_tools(server)
+    _register_resources(server, skills)
+    _register_prompts(server, skills, tools)
     return server
+
+
+# ------------------------------------------------------------------ HTTP transport
+
+TOKEN_ENV = "MBRIDGE_PERF_TOKEN"
+_LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
+
+
+def is_loopback(host: str) -> bool:
+    if host in _LOCAL_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class HttpGuard:
+    """ASGI guard in front of the MCP app: a bearer token when one is configured, and no
+    browser Origin other than localhost (a web page must not drive a local server)."""
+
+    def __init__(self, app: Any, token: str | None) -> None:
+        self.app, self.token = app, token
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope.get("headers", [])}
+        origin = headers.get("origin")
+        if origin and not _local_origin(origin):
+            await _reply(send, 403, "origin not allowed: only localhost pages may call this "
+                                    "server")
+            return
+        if self.token is not None:
+            given = headers.get("authorization", "")
+            scheme, _, value = given.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip(), self.token):
+                await _reply(send, 401, "missing or wrong bearer token", www_auth=True)
+                return
+        await self.app(scope, receive, send)
+
+
+def _local_origin(origin: str) -> bool:
+    from urllib.parse import urlsplit
+
+    host = urlsplit(origin).hostname
+    return host is not None and is_loopback(host)
+
+
+async def _reply(send: Any, status: int, text: str, www_auth: bool = False) -> None:
+    headers = [(b"content-type", b"text/plain; charset=utf-8")]
+    if www_auth:
+        headers.append((b"www-authenticate", b'Bearer realm="mbridge-perf"'))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": text.encode()})
+
+
+def http_app(server: MCPServer, host: str, token: str | None) -> Any:
+    """The streamable-HTTP app at /mcp behind the guard; refuses a non-loopback bind without
+    a token (anyone on the network could otherwise drive the tools)."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    if not is_loopback(host) and not token:
+        raise ConfigError("--host", f"binding {host} (not loopback) needs a bearer token: pass "
+                                    f"--token or set {TOKEN_ENV}")
+    local = is_loopback(host)
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=local,
+        allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"] if local else [],
+        allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"])
+    return HttpGuard(server.streamable_http_app(transport_security=security, host=host), token)
+
+
+def serve_http(server: MCPServer, host: str, port: int, token: str | None) -> None:
+    import uvicorn
+
+    app = http_app(server, host, token)
+    log.info("mbridge-perf MCP over streamable HTTP at http://%s:%d/mcp", host, port)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

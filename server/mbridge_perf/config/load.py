@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mbridge_perf.config.errors import ConfigError, did_you_mean
 from mbridge_perf.config.model import CARRIED_SECTIONS, Section, TrainingConfig
@@ -264,3 +264,38 @@ def load_config(*, preset: str | None = None, file: str | Path | None = None,
     for path, value in flag_overrides:
         set_path(merged, path, value)
     return build(merged)
+
+
+class ConfigSource(BaseModel):
+    """A training config as the user has it, for the MCP tools: any combination of a preset,
+    a Bridge config (mapping or YAML text), dotted overrides and perf-harness flags, composed
+    in that order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    preset: str | None = Field(
+        None, description="Model preset to start from, e.g. 'llama3-70b' (see list_presets).")
+    bridge_config: dict[str, Any] | str | None = Field(
+        None, description="Megatron Bridge ConfigContainer as a mapping ({model: {...}, train: "
+                          "{...}, optimizer: ..., ddp: ..., mixed_precision: ...}) or the same "
+                          "as YAML text; a whole config.yaml dump is fine. Extra sections: env "
+                          "(environment variables) and cluster (num_gpus, gpus_per_node, gpu).")
+    overrides: list[str] = Field(
+        default_factory=list, description="Dotted overrides applied after, e.g. "
+                                          "'model.tensor_model_parallel_size=8', lists as "
+                                          "'model.recompute_modules=[core_attn,mlp]'.")
+    perf_flags: list[str] = Field(
+        default_factory=list, description="Megatron Bridge perf-harness flags applied last, "
+                                          "e.g. ['-tp', '8', '-pp', '4', '-ng', '32'].")
+
+
+def load_source(src: ConfigSource) -> TrainingConfig:
+    """ConfigSource → TrainingConfig (raises ConfigError naming the field)."""
+    if src.preset is None and src.bridge_config is None and not src.overrides and \
+            not src.perf_flags:
+        raise ConfigError("config", "empty: give a preset, a bridge_config (mapping or YAML "
+                                    "text), overrides or perf_flags")
+    text = src.bridge_config if isinstance(src.bridge_config, str) else None
+    data = src.bridge_config if isinstance(src.bridge_config, dict) else None
+    return load_config(preset=src.preset, text=text, data=data, overrides=src.overrides,
+                       flags=src.perf_flags)

@@ -79,3 +79,10 @@ def get_rule(rule_id: str) -> Rule:
         if r.id == rule_id:
             return r
     raise KeyError(rule_id)
+
+
+def describe_rules() -> list[dict[str, object]]:
+    """The catalog as plain data (the MCP rules resource and `validate --list-rules`)."""
+    return [{"id": r.id, "severity": r.severity, "ref": r.ref, "source": r.source,
+             "fields": list(r.fields), "summary": r.summary, "skill": r.skill,
+             "mcore_enforced": r.mcore_enforced} for r in RULES]

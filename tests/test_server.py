@@ -267,3 +267,69 @@ def test_start_up_imports_nothing_heavy_beyond_the_sdk() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True, timeout=60).stdout.strip()
     assert out == "[]"
+
+
+# ------------------------------------------------------------------ estimate_memory
+
+SEED_YAML = (REPO / "examples" / "llama3_70b_sft_h100.yaml").read_text()
+
+
+async def test_estimate_memory_on_the_seeds_case(client: Client) -> None:
+    err, out, _ = await call(client, "estimate_memory", {
+        "config": {"preset": "llama3-70b", "bridge_config": SEED_YAML}})
+    assert not err
+    assert out["most_loaded_stage"] == 0 and len(out["per_stage"]) == 4
+    assert 50 < out["peak_allocated_gib"] < 65  # measured 58.8 GB = 54.8 GiB on rank 0
+    assert out["fits"] is True and out["fits_with_fragmentation"] is False
+    low, high = out["reserved_band_gib"]
+    assert 0 < low < high
+    stage = out["per_stage"][0]
+    assert stage["static_gib"] == pytest.approx(
+        stage["weights_gib"] + stage["grads_gib"] + stage["optimizer_gib"], abs=1e-6)
+    assert out["assumptions"] and out["not_modeled"]
+
+
+async def test_estimate_memory_band_narrows_with_expandable_segments(client: Client) -> None:
+    base = {"preset": "llama3-70b", "bridge_config": SEED_YAML}
+    _, plain, _ = await call(client, "estimate_memory", {"config": base})
+    _, expseg, _ = await call(client, "estimate_memory", {"config": {
+        **base, "overrides": ["env.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"]}})
+    assert expseg["reserved_band_gib"][1] < plain["reserved_band_gib"][1] / 2
+    assert expseg["fits_with_fragmentation"] is True
+
+
+ESTIMATE_BAD = [
+    ({"config": {"preset": "llama3-70b"}, "gpu": "h999"}, "gpu:", "known GPUs"),
+    ({"config": {"bridge_config": {"model": {"num_layers": 2}}}}, "model.hidden_size:",
+     "required"),
+    ({"config": {"preset": "llama3-70b", "overrides": [
+        "model.pipeline_model_parallel_size=3"]}}, "model.", "pipeline"),
+    ({"config": {"preset": "llama3-70b"}, "imbalance": 0.5}, "imbalance",
+     "greater than or equal to 1"),
+    ({"config": {"preset": "llama3-70b", "bridge_config": {"modle": {}}}}, "modle:",
+     "not a config section"),
+]
+
+
+@pytest.mark.parametrize(("args", "field", "words"), ESTIMATE_BAD,
+                         ids=["unknown-gpu", "missing-field", "bad-split", "imbalance",
+                              "bad-section"])
+async def test_estimate_memory_bad_input_is_an_actionable_tool_error(
+        client: Client, args: dict[str, Any], field: str, words: str) -> None:
+    err, out, text = await call(client, "estimate_memory", args)
+    assert err and out is None
+    assert field in text and words in text, text
+
+
+def test_readme_estimate_example_is_the_commands_real_output() -> None:
+    import subprocess
+
+    text = (REPO / "README.md").read_text()
+    block = text.split("<!-- estimate-example -->", 1)[1].split("```console\n", 1)[1]
+    block = block.split("```", 1)[0]
+    command, expected = block.split("\n", 1)
+    args = command.removeprefix("$ mbridge-perf ").split()
+    proc = subprocess.run([tool("mbridge-perf"), *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == expected

@@ -100,6 +100,26 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _cmd_estimate(args: argparse.Namespace) -> int:
+    from mbridge_perf.config.errors import ConfigError
+    from mbridge_perf.memory.estimate import estimate_memory, format_estimate
+
+    try:
+        cfg = _load_config(args)
+        report = estimate_memory(cfg, gpu=args.gpu, imbalance=args.imbalance)
+        stage = None if args.stage is None else -1 if args.stage == "last" else int(args.stage)
+        text = report.model_dump_json(indent=2) if args.json else format_estimate(report, stage)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError:
+        print(f"error: --stage: expected a stage number or 'last', got {args.stage!r}",
+              file=sys.stderr)
+        return 2
+    print(text)
+    return 1 if report.fits is False else 0
+
+
 def _cmd_presets(args: argparse.Namespace) -> int:
     from mbridge_perf.config.presets import load_presets
 
@@ -136,6 +156,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the config before your change (enables rules about the change)")
     p.add_argument("--list-rules", action="store_true", help="print the rule catalog")
     p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("estimate", help="per-stage GPU memory of a training config",
+                       description="Exit 0: fits (or no GPU given); 1: does not fit; "
+                                   "2: unusable input.")
+    _add_config_args(p)
+    p.add_argument("--gpu", help="GPU kind, e.g. H100, GB200 (default: cluster.gpu)")
+    p.add_argument("--stage", help="show one pipeline stage in full: a number or 'last'")
+    p.add_argument("--imbalance", type=float, default=1.0,
+                   help="MoE routing imbalance: tokens on the busiest expert / mean (>= 1)")
+    p.set_defaults(func=_cmd_estimate)
 
     p = sub.add_parser("presets", help="list the model presets")
     p.add_argument("--json", action="store_true", help="print every preset as JSON")

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 from mbridge_perf import __version__
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.load import ConfigSource, load_source
+from mbridge_perf.memory.estimate import MemoryReport
 from mbridge_perf.rules.validate import ValidationReport
 from mbridge_perf.skillpack.pack import CARD_FILE, SKILL_FILE, Skill, find_pack_root, list_skills
 
@@ -114,7 +115,35 @@ def _register_tools(server: MCPServer) -> list[str]:
                                   num_moe_experts=m.get("num_moe_experts"), source=p.source))
         return PresetList(presets=out)
 
+    def estimate_memory(
+            config: Annotated[ConfigSource, Field(description="The training config to size.")],
+            gpu: Annotated[str | None, Field(
+                description="GPU kind, e.g. 'H100', 'GB200' (default: the config's "
+                            "cluster.gpu); needed for fits / headroom.")] = None,
+            imbalance: Annotated[float, Field(
+                ge=1.0, le=64.0, description="MoE routing imbalance: tokens on the busiest "
+                                             "expert over the mean (1.0 = perfectly "
+                                             "balanced).")] = 1.0,
+    ) -> MemoryReport:
+        """Estimate per-GPU memory of a Megatron Bridge training config for every pipeline
+        stage before launching, or to explain an OOM: weights, gradients and optimizer state
+        (static_gib), activations with micro-batches in flight, embedding / logits terms and
+        the peak allocated per stage; the most-loaded stage; the allocator's reserved-but-
+        unallocated band (where fragmentation OOMs live; narrower with
+        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); CUDA context, NCCL and CUDA-graph
+        overheads; GPU capacity, fits and headroom; assumptions and what is not modelled. All
+        sizes in GiB (2^30 bytes). Megatron logs decimal GB: 58.8 GB = 54.8 GiB. Pure
+        arithmetic, needs no GPU; validate_config checks the config's legality."""
+        from mbridge_perf.memory.estimate import estimate_memory as estimate
+
+        cfg = _config(config)
+        try:
+            return estimate(cfg, gpu=gpu, imbalance=imbalance)
+        except ConfigError as exc:
+            raise ToolError(f"{exc}. Fix that field and call again.") from None
+
     tools = [(validate_config, "Validate a training config", PURE),
+             (estimate_memory, "Estimate per-GPU memory", PURE),
              (list_presets, "List model presets", PURE)]
     for fn, title, hints in tools:
         # cleandoc: the docstring is the description the assistant reads, without indentation

@@ -358,4 +358,8 @@ def model_fields_from_hf(data: Mapping[str, Any]) -> dict[str, Any]:
     """
     if not isinstance(data, Mapping):
         raise ValueError(f"expected a config.json object, got {type(data).__name__}")
-    return _READERS[detect_family(data)](data)
+    fields = _READERS[detect_family(data)](data)
+    # These checkpoints train without dropout (HF attention_dropout 0.0; Megatron Bridge's
+    # providers set both to 0), unlike Megatron-Core's default of 0.1.
+    return {"attention_dropout": float(data.get("attention_dropout") or 0.0),
+            "hidden_dropout": 0.0, **fields}

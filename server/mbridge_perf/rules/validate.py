@@ -29,8 +29,8 @@ class ValidationReport(BaseModel):
     warnings: int
     findings: list[Finding]
     derived: dict[str, Any] = Field(description="DP, EDP, microbatches, layer placement, …")
-    not_used: list[str] = Field(description="fields accepted and carried through but not used "
-                                            "by any check")
+    not_used: list[str] = Field(description="fields accepted and carried through but not "
+                                            "checked by any rule")
 
 
 def not_used_fields(cfg: TrainingConfig) -> list[str]:
@@ -83,5 +83,5 @@ def format_report(report: ValidationReport) -> str:
     if report.not_used:
         shown = ", ".join(report.not_used[:8])
         more = f" (+{len(report.not_used) - 8} more)" if len(report.not_used) > 8 else ""
-        lines.append(f"accepted but not used: {shown}{more}")
+        lines.append(f"accepted, not checked by any rule: {shown}{more}")
     return "\n".join(lines)

@@ -1,0 +1,902 @@
+"""Per-GPU, per-pipeline-stage training memory: ``estimate_memory(cfg) -> MemoryReport``.
+
+Why per stage: pipeline stages differ (the first holds the embedding and the most micro-batches
+in flight, the last the output layer, the fp32 logits and MTP heads), so "will it fit, and on
+which rank does it break" needs every stage, not an average. Each stage's peak is
+
+    static (weights + grads + optimizer state)
+    + activations (per-micro-batch bytes of each chunk x micro-batches in flight)
+    + transient working set (one layer's backward, a recompute unit, the logits upcast)
+    + resident allocator workspaces,
+
+the larger of the forward/backward phase and the optimizer step. Overheads outside the
+allocator (CUDA context, NCCL, CUDA-graph pools) and the allocator's reserved band are reported
+next to it, never inside it.
+
+Fast by construction: parameters per layer kind are cached per model shape, layers of a chunk
+are counted by kind from prefix sums, and report objects are built without re-validation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
+
+from mbridge_perf.config.derived import Derived
+from mbridge_perf.config.errors import ConfigError
+from mbridge_perf.config.gpus import lookup_gpu
+from mbridge_perf.config.model import TrainingConfig
+from mbridge_perf.memory import overheads as ov
+from mbridge_perf.memory.activations import (
+    ActContext,
+    context,
+    group_input_bytes,
+    layer_terms,
+)
+from mbridge_perf.memory.params import padded_vocab_size
+from mbridge_perf.memory.pipeline import in_flight
+from mbridge_perf.memory.placement import Placement, placement
+from mbridge_perf.memory.state import Shape, model_shape, state_rates
+
+GIB = 2**30
+_INV_GIB = 1 / GIB
+
+
+def _round3(value: float) -> float:
+    return round(value, 3)
+
+
+Gib = Annotated[float, PlainSerializer(_round3, return_type=float)]
+"""GiB (2^30 bytes), kept unrounded in memory and written with three decimals."""
+
+
+# ---------------------------------------------------------------------------------------------
+# report models (the MCP tool contract uses these names)
+
+
+class StageMemory(BaseModel):
+    """One pipeline stage (PP rank): what one GPU of that stage holds."""
+
+    model_config = ConfigDict(frozen=True)
+
+    stage: int
+    layers: tuple[int, ...] = Field(description="transformer layer indices on this stage")
+    layers_per_chunk: tuple[int, ...] = Field(description="transformer layers per virtual chunk")
+    embedding: bool = Field(description="holds the input embedding")
+    output_layer: bool = Field(description="holds the final norm, output layer and loss")
+    mtp_layers: int = Field(description="multi-token-prediction layers on this stage")
+    params: int = Field(description="parameters on one GPU of this stage")
+    expert_params: int = Field(description="of which routed-expert parameters")
+    weights_gib: Gib
+    grads_gib: Gib
+    optimizer_gib: Gib = Field(description="master weights and optimizer moments on the GPU")
+    static_gib: Gib = Field(description="weights + grads + optimizer state")
+    activation_per_microbatch_gib: Gib = Field(
+        description="bytes saved for backward by one micro-batch through every chunk")
+    in_flight_microbatches: Gib = Field(
+        description="micro-batches held at the peak, in units of whole-stage micro-batches")
+    in_flight_per_chunk: tuple[int, ...]
+    activations_gib: Gib = Field(description="all activations held at the peak")
+    embedding_activations_gib: Gib = Field(description="part of activations: embedding")
+    logits_gib: Gib = Field(description="part of activations: final norm, output layer "
+                                          "input and fp32 logits kept by the loss")
+    mtp_activations_gib: Gib = Field(description="part of activations: MTP layers and heads")
+    transient_gib: Gib = Field(description="working set at the peak: one layer's backward, "
+                                             "a recompute unit, the logits upcast")
+    workspace_gib: Gib = Field(description="resident cuBLAS / TE workspaces in the allocator")
+    peak_allocated_gib: Gib
+    peak_phase: Literal["forward_backward", "optimizer_step"]
+
+
+class LayerKindActivation(BaseModel):
+    """Per-layer activation of one kind of layer (one micro-batch, one GPU)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mixer: str
+    mlp: str
+    fp8: bool
+    count: int = Field(description="layers of this kind in the model")
+    per_layer_gib: Gib
+    terms_gib: dict[str, Gib]
+
+
+class Overheads(BaseModel):
+    """Memory outside the allocator's "allocated" count, per GPU."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cuda_context_gib: Gib
+    nccl_gib: Gib
+    cuda_graph_pool_gib: Gib
+    total_gib: Gib
+
+
+class MemoryReport(BaseModel):
+    """Per-GPU training memory of a configuration, stage by stage."""
+
+    model_config = ConfigDict(frozen=True)
+
+    per_stage: list[StageMemory]
+    most_loaded_stage: int
+    peak_allocated_gib: Gib = Field(description="peak allocated on the most-loaded stage")
+    reserved_band_gib: tuple[Gib, Gib] = Field(
+        description="allocator reserved-but-unallocated band (low, high) at that peak")
+    overheads: Overheads
+    gpu: str | None
+    gpu_capacity_gib: Gib | None
+    fits: bool | None = Field(description="peak + overheads + low end of the band <= capacity")
+    fits_with_fragmentation: bool | None = Field(
+        description="still fits at the high end of the reserved band")
+    headroom_gib: Gib | None = Field(
+        description="capacity - (peak + overheads + low end of the band)")
+    total_params: int
+    layer_activations: list[LayerKindActivation]
+    parallelism: dict[str, int | None]
+    warnings: list[str]
+    assumptions: list[str]
+    not_modeled: list[str]
+
+
+NOT_MODELED = (
+    "MoE dispatcher workspaces (DeepEP / HybridEP buffers, permutation scratch) beyond the "
+    "dispatched tokens",
+    "token-routing imbalance beyond the given imbalance factor (per-EP-rank loads differ)",
+    "memory of the first iteration before the optimizer state exists, checkpoint loading and "
+    "evaluation passes",
+    "LoRA / PEFT adapters and frozen weights, vision encoders",
+    "packed (THD) sequences and variable-length batches",
+    "allocator rounding (512-byte blocks) and the exact fragmentation of a run (given as a band)",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# per-kind activation numbers
+
+
+class _Kinds:
+    """Per-layer bytes of each (kind, fp8, selective) and each kind's backward working set,
+    for one activation context; shared by every estimate with the same context and shape."""
+
+    __slots__ = ("_summ", "_terms", "_ws", "c", "kinds")
+
+    def __init__(self, c: ActContext, kinds: tuple[tuple[str, str], ...]) -> None:
+        self.c = c
+        self.kinds = kinds
+        self._terms: dict[tuple[int, bool, bool], tuple[float, dict[str, float]]] = {}
+        self._ws: dict[int, float] = {}
+        self._summ: dict[tuple[int, bool], tuple[float, dict[str, float]]] = {}
+
+    def get(self, kind: int, fp8: bool, selective: bool = True) -> tuple[float, dict[str, float]]:
+        key = (kind, fp8, selective)
+        hit = self._terms.get(key)
+        if hit is None:
+            mixer, mlp = self.kinds[kind]
+            terms = layer_terms(self.c, mixer, mlp, fp8, selective=selective)
+            hit = (sum(terms.values()), terms)
+            self._terms[key] = hit
+        return hit
+
+    def summary(self, kind: int, fp8: bool) -> tuple[float, dict[str, float]]:
+        """Total bytes and the non-zero terms in GiB (cached; callers copy the dict)."""
+        hit = self._summ.get((kind, fp8))
+        if hit is None:
+            total, terms = self.get(kind, fp8)
+            hit = (total, {k: v * _INV_GIB for k, v in terms.items() if v})
+            self._summ[(kind, fp8)] = hit
+        return hit
+
+    def total(self, kind: int, fp8: bool, selective: bool = True) -> float:
+        hit = self._terms.get((kind, fp8, selective))
+        return hit[0] if hit is not None else self.get(kind, fp8, selective)[0]
+
+    def working_set(self, kind: int) -> float:
+        """Transient bytes of one layer's backward, plus what recompute rebuilds for it."""
+        hit = self._ws.get(kind)
+        if hit is None:
+            c = self.c
+            mixer, mlp = self.kinds[kind]
+            hit = _working_set(c, mixer, mlp)
+            if c.full is not None:
+                hit += self.total(kind, False, False) * (c.full_n if c.full == "uniform" else 1)
+            elif c.selective:
+                hit += self.total(kind, False, False) - self.total(kind, False)
+            self._ws[kind] = hit
+        return hit
+
+
+_KIND_CACHE: dict[tuple[ActContext, tuple[tuple[str, str], ...]], _Kinds] = {}
+
+
+def _kinds_for(c: ActContext, kinds: tuple[tuple[str, str], ...]) -> _Kinds:
+    key = (c, kinds)
+    hit = _KIND_CACHE.get(key)
+    if hit is None:
+        if len(_KIND_CACHE) > 512:
+            _KIND_CACHE.clear()
+        hit = _KIND_CACHE[key] = _Kinds(c, kinds)
+    return hit
+
+
+def _working_set(c: ActContext, mixer: str, mlp: str) -> float:
+    """Transient bytes while one layer runs its backward: gradients of its input and residual,
+    the sequence-parallel all-gathered input, and the largest intermediate gradient."""
+    e, n, h, t = c.e, c.n, c.h, c.t
+    base = 2 * e * n * h / c.tsp + (e * n * h if c.tsp > 1 else 0.0)
+    if mlp == "dense":
+        f = c.ffn
+        mlp_ws = e * n / t * ((2 * f if c.glu else f) + f)
+    elif mlp == "moe":
+        routed = c.topk * n / c.tsp * c.etp * c.imbalance
+        w = c.moe_ffn / c.etp
+        mlp_ws = e * routed * ((2 * w if c.glu else w) + w + 2 * h)
+    else:
+        mlp_ws = 0.0
+    a_l = max(c.heads // t, 1)
+    if mixer in ("attention", "mla") and not c.fused_attn:
+        attn_ws = 2 * e * c.b * a_l * c.s * c.s
+    elif mixer == "mla":
+        attn_ws = e * n * a_l * (3 * (c.qk_head + c.qk_rope) + c.v_head)
+    elif mixer == "attention":
+        attn_ws = e * n * (a_l + 2 * max(c.groups // t, 1)) * c.head_dim
+    else:
+        attn_ws = 0.0
+    return base + max(mlp_ws, attn_ws)
+
+
+# ---------------------------------------------------------------------------------------------
+# the layout plan: what each stage holds, independent of batch, precision bytes and recompute
+# modules (cached per model shape x pipeline layout x sharding)
+
+
+@dataclass(frozen=True, slots=True)
+class _ChunkPlan:
+    embedding: bool
+    loss: bool
+    mtp: int
+    layers: tuple[tuple[int, int, int], ...]
+    """(kind, FP8 layers, BF16 layers) of the chunk's transformer layers."""
+    groups: int
+    """Full recompute: checkpointed groups (each keeps its input)."""
+    kept: tuple[tuple[int, int, int], ...]
+    """Full ``block`` recompute: layers left whole, as (kind, FP8, BF16)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _StagePlan:
+    chunks: tuple[_ChunkPlan, ...]
+    layers: tuple[int, ...]
+    layers_per_chunk: tuple[int, ...]
+    embedding: bool
+    output_layer: bool
+    mtp_layers: int
+    dense: float
+    expert: float
+    fp8_dense: float
+    fp8_expert: float
+    kinds: tuple[int, ...]
+
+
+_PLANS: dict[tuple[Any, ...], tuple[Shape, Placement, tuple[_StagePlan, ...]]] = {}
+
+
+def _plan(shape: Shape, place: Placement, tp: int, ep_etp: int, vocab_rows: int, bf16_lo: int,
+          bf16_hi: int, full: str | None, full_n: int, fp8_on: bool) -> tuple[_StagePlan, ...]:
+    # shapes and placements are cached objects: key on identity, check it on a hit
+    key = (id(shape), id(place), tp, ep_etp, vocab_rows, bf16_lo, bf16_hi, full, full_n, fp8_on)
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0] is shape and hit[1] is place:
+        return hit[2]
+    if len(_PLANS) > 512:
+        _PLANS.clear()
+    h = shape.h
+    stages = []
+    for chunks in place:
+        dense = expert = fp8_dense = fp8_expert = 0.0
+        cplans = []
+        kinds_here: set[int] = set()
+        for ch in chunks:
+            lo, hi = ch.first_layer, ch.first_layer + ch.num_layers
+            mix = []
+            for k, bucket in enumerate(shape.buckets):
+                cnt = shape.count(k, lo, hi)
+                if not cnt:
+                    continue
+                kinds_here.add(k)
+                n_fp8 = 0
+                if fp8_on:
+                    n_bf16 = (shape.count(k, lo, max(min(hi, bf16_lo), lo))
+                              + shape.count(k, max(lo, bf16_hi), max(hi, bf16_hi)))
+                    n_fp8 = cnt - n_bf16
+                mix.append((k, n_fp8, cnt - n_fp8))
+                dense += cnt * (bucket.tp_sharded / tp + bucket.replicated)
+                expert += cnt * bucket.routed / ep_etp
+                fp8_dense += n_fp8 * bucket.tp_sharded / tp
+                fp8_expert += n_fp8 * bucket.routed / ep_etp
+            groups = 0
+            kept: list[tuple[int, int, int]] = []
+            if full is not None and ch.num_layers:
+                if full == "uniform":
+                    groups = -(-ch.num_layers // full_n)
+                else:
+                    start = min(lo + full_n, hi)
+                    groups = start - lo
+                    for k in range(len(shape.buckets)):
+                        cnt = shape.count(k, start, hi)
+                        if cnt:
+                            n_fp8 = 0
+                            if fp8_on:
+                                n_fp8 = cnt - (
+                                    shape.count(k, start, max(min(hi, bf16_lo), start))
+                                    + shape.count(k, max(start, bf16_hi), max(hi, bf16_hi)))
+                            kept.append((k, n_fp8, cnt - n_fp8))
+            if ch.embedding:
+                dense += vocab_rows * h / tp + shape.positions
+            if ch.loss:
+                dense += shape.final_norm
+                if not shape.tied or not ch.embedding:
+                    dense += vocab_rows * h / tp
+            if ch.mtp:
+                if not ch.embedding:  # MTP embeds its shifted tokens with its own copy
+                    dense += vocab_rows * h / tp + shape.positions
+                for depth in range(ch.mtp):
+                    b = shape.mtp[min(depth, len(shape.mtp) - 1)]
+                    dense += b.tp_sharded / tp + b.replicated
+                    expert += b.routed / ep_etp
+                    if fp8_on:
+                        fp8_dense += b.tp_sharded / tp
+                        fp8_expert += b.routed / ep_etp
+                if shape.mtp_kind >= 0:
+                    kinds_here.add(shape.mtp_kind)
+            cplans.append(_ChunkPlan(embedding=ch.embedding, loss=ch.loss, mtp=ch.mtp,
+                                     layers=tuple(mix), groups=groups, kept=tuple(kept)))
+        stages.append(_StagePlan(
+            chunks=tuple(cplans), layers=tuple(i for ch in chunks for i in ch.layers),
+            layers_per_chunk=tuple(ch.num_layers for ch in chunks),
+            embedding=any(ch.embedding for ch in chunks),
+            output_layer=any(ch.loss for ch in chunks), mtp_layers=sum(ch.mtp for ch in chunks),
+            dense=dense, expert=expert, fp8_dense=fp8_dense, fp8_expert=fp8_expert,
+            kinds=tuple(sorted(kinds_here))))
+    out = tuple(stages)
+    _PLANS[key] = (shape, place, out)
+    return out
+
+
+_WEIGHTS: dict[tuple[Any, ...], tuple[tuple[_StagePlan, ...], tuple[Any, ...]]] = {}
+
+
+def _stage_weights(plans: tuple[_StagePlan, ...], counts: tuple[tuple[int, ...], ...],
+                   selective: bool, offload_layers: int) -> tuple[Any, ...]:
+    """Per stage, how many layer-micro-batches of each (kind, FP8 / BF16) and how many
+    embedding / loss / MTP / recompute-group terms its activations hold: in flight at the peak
+    (weighted by each chunk's in-flight count) and for one micro-batch. Activations are then a
+    short dot product with the per-kind bytes (cached per plan and schedule)."""
+    key = (id(plans), counts, selective, offload_layers)
+    hit = _WEIGHTS.get(key)
+    if hit is not None and hit[0] is plans:
+        return hit[1]
+    if len(_WEIGHTS) > 512:
+        _WEIGHTS.clear()
+    out = []
+    for sp, cnts in zip(plans, counts, strict=True):
+        rows: dict[int, list[float]] = {}
+        gw = gu = ew = eu = lw = lu = mw = mu = 0.0
+        for i, ch in enumerate(sp.chunks):
+            cnt = cnts[i]
+            scale = 1.0
+            nl = sp.layers_per_chunk[i]
+            if offload_layers and nl > 1:  # offloaded layers keep nothing on the GPU
+                scale = 1 - min(offload_layers, nl - 1) / nl
+            for k, nf, nb in (ch.layers if selective else ch.kept):
+                row = rows.setdefault(k, [0.0, 0.0, 0.0, 0.0])
+                row[0] += cnt * nf * scale
+                row[1] += cnt * nb * scale
+                row[2] += nf * scale
+                row[3] += nb * scale
+            if not selective:
+                gw += cnt * ch.groups * scale
+                gu += ch.groups * scale
+            if ch.embedding:
+                ew += cnt
+                eu += 1
+            if ch.loss:
+                lw += cnt
+                lu += 1
+            if ch.mtp:
+                mw += cnt * ch.mtp
+                mu += ch.mtp
+        out.append((cnts, tuple((k, *v) for k, v in rows.items()), gw, gu, ew, eu, lw, lu, mw,
+                    mu))
+    result = tuple(out)
+    _WEIGHTS[key] = (plans, result)
+    return result
+
+
+@lru_cache(maxsize=1024)
+def _all_in_flight(pp: int, vpp: int, mbs: int | None, group: int | None) -> tuple[
+        tuple[int, ...], ...]:
+    return tuple(tuple(in_flight(pp, vpp, r, mbs, group)) for r in range(pp))
+
+
+_setattr = object.__setattr__
+_new = object.__new__
+
+
+def _make(cls: type[Any], values: dict[str, Any]) -> Any:
+    """Build a report model from values this module computed (already valid): pydantic's
+    ``model_construct`` minus its per-field default handling, which dominated the run time.
+    Every field is given, so the fields-set is the model's field names."""
+    obj = _new(cls)
+    _setattr(obj, "__dict__", values)
+    _setattr(obj, "__pydantic_fields_set__", set(values))
+    _setattr(obj, "__pydantic_extra__", None)
+    _setattr(obj, "__pydantic_private__", None)
+    return obj
+
+
+
+
+# ---------------------------------------------------------------------------------------------
+# the estimate
+
+
+def _require(cfg: TrainingConfig) -> None:
+    m = cfg.model
+    for name, what in (("num_layers", "the number of transformer layers"),
+                       ("hidden_size", "the model width"),
+                       ("num_attention_heads", "the number of attention heads"),
+                       ("seq_length", "the training sequence length"),
+                       ("vocab_size", "the tokenizer vocabulary size")):
+        if getattr(m, name) is None:
+            raise ConfigError(f"model.{name}", f"required to estimate memory; set {what} "
+                                               "(or start from a preset)")
+
+
+def _gpu(cfg: TrainingConfig, gpu: str | None) -> tuple[str | None, float | None, str | None]:
+    name = gpu or cfg.cluster.gpu
+    if not name:
+        return None, None, None
+    try:
+        spec = _lookup_gpu(name)
+    except ValueError as exc:
+        raise ConfigError("gpu" if gpu else "cluster.gpu", str(exc)) from None
+    return spec.name, spec.capacity_gib, spec.architecture
+
+
+_lookup_gpu = lru_cache(maxsize=64)(lookup_gpu)
+_NOTES: dict[tuple[Any, ...], tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {}
+
+
+def estimate_memory(cfg: TrainingConfig, *, gpu: str | None = None,
+                    imbalance: float = 1.0) -> MemoryReport:
+    """Per-stage GPU memory of a training configuration (see the module docstring)."""
+    _require(cfg)
+    m = cfg.model
+    extras = m.__pydantic_extra__ or {}
+    d = Derived(cfg)
+    p = d.precision
+    gpu_name, capacity, arch = _gpu(cfg, gpu)
+    shape = model_shape(m)
+    place = placement(m)
+    c = context(cfg, imbalance=imbalance, precision=p, shape_kinds=shape.kinds)
+    assumptions: list[str] = []
+    warnings: list[str] = []
+    not_modeled = list(NOT_MODELED)
+
+    tp, pp, cp, ep, etp = d.tp, d.pp, d.cp, d.ep, d.etp
+    vpp = len(place[0])
+    world = d.world_size
+    is_moe = d.is_moe
+    if world is None:
+        dp = edp = 1
+        assumptions.append("cluster.num_gpus not given: assumed the smallest world for this "
+                           f"layout ({d.min_gpus} GPUs), so DP = 1 and nothing is sharded by "
+                           "the distributed optimizer")
+    else:
+        mp_size = tp * pp * cp
+        if world % mp_size:
+            raise ConfigError("cluster.num_gpus", f"{world} GPUs do not divide by TP x PP x CP "
+                                                  f"= {mp_size}; use a multiple")
+        dp = world // mp_size
+        edp = 1
+        if is_moe:
+            ex_size = etp * ep * pp
+            if world % ex_size:
+                raise ConfigError("cluster.num_gpus", f"{world} GPUs do not divide by ETP x EP "
+                                                      f"x PP = {ex_size}; use a multiple")
+            edp = world // ex_size
+    mbs = None
+    gbs = cfg.train.global_batch_size
+    if gbs is not None and world is not None:
+        per_step = cfg.train.micro_batch_size * dp
+        if gbs % per_step:
+            raise ConfigError("train.global_batch_size",
+                              f"{gbs} is not a multiple of micro_batch_size x DP = "
+                              f"{per_step}; fix the batch sizes")
+        mbs = gbs // per_step
+    else:
+        assumptions.append("train.global_batch_size or cluster.num_gpus not given: assumed "
+                           "enough micro-batches to fill the pipeline")
+    rates = state_rates(cfg, p, dp, edp)
+    vocab_rows = int(m.vocab_size or 0)
+    if extras.get("should_pad_vocab", True) is not False:
+        vocab_rows = padded_vocab_size(vocab_rows, m.make_vocab_size_divisible_by, tp)
+    kinds = _kinds_for(c, shape.kinds)
+    fp8_on = c.fp8_bytes > 0
+    L = shape.num_layers
+    bf16_lo, bf16_hi = 0, L  # layers [0, lo) and [hi, L) stay BF16 in FP8 recipes
+    if fp8_on and p.first_last_layers_bf16:
+        bf16_lo = min(p.num_layers_at_start_in_bf16, L)
+        bf16_hi = max(L - p.num_layers_at_end_in_bf16, bf16_lo)
+    ep_etp = ep * etp
+    plans = _plan(shape, place, tp, ep_etp, vocab_rows, bf16_lo, bf16_hi, c.full, c.full_n,
+                  fp8_on)
+    group = extras.get("microbatch_group_size_per_vp_stage")
+
+    e, n, h = c.e, c.n, c.h
+    tok = n / c.tsp
+    stats = (8 if c.layer_norm else 4) * tok
+    emb_act = 8 * n + (tok * h if c.hid_drop else 0.0)
+    te_ce = m.cross_entropy_loss_fusion and str(
+        extras.get("cross_entropy_fusion_impl") or "native") == "te"
+    # logits kept by the loss: FP32 softmax (Megatron's cross-entropy) or, with Transformer
+    # Engine's fused cross-entropy, the BF16 logits overwritten in place by their gradient
+    logits_saved = (e if te_ce else 4) * n * vocab_rows / tp
+    loss_act = 2 * (e * tok * h) + stats + logits_saved + 8 * n
+    # the BF16 logits live next to the saved FP32 copy while the loss runs; the native fused
+    # cross-entropy (jit-fused, out-of-place) holds one more FP32 copy: measured on the
+    # Megatron-LM CI goldens gpt3_mcore_te_tp2_pp2{,_cross_entropy_loss_fusion} (H100): equal
+    # model state, peaks 1.330 vs 1.711 GiB = 4·s·b·V/t
+    loss_ws = 0.0 if te_ce else e * n * vocab_rows / tp
+    if m.cross_entropy_loss_fusion and not te_ce:
+        loss_ws += 4 * n * vocab_rows / tp
+    ov_extra = (cfg.comm_overlap.__pydantic_extra__ or {}) if cfg.comm_overlap else {}
+    defer = bool(cfg.comm_overlap and cfg.comm_overlap.defer_embedding_wgrad_compute) or bool(
+        extras.get("defer_embedding_wgrad_compute"))
+    if defer:
+        # the output layer's weight gradient waits for up to wgrad_deferral_limit micro-batches
+        # (0 = all of them): their logits gradients and inputs stay on the last stage
+        limit = int(ov_extra.get("wgrad_deferral_limit") or extras.get("wgrad_deferral_limit")
+                    or 0)
+        held = (mbs or pp) if not limit else (min(limit, mbs) if mbs else limit)
+        loss_ws += held * (e * n * vocab_rows / tp + e * tok * h)
+    ckpt = group_input_bytes(c)
+    mtp_extra = 4 * e * tok * h + 2 * stats + loss_act + 8 * n
+    mtp_layer = 0.0
+    if shape.mtp_kind >= 0:
+        mtp_layer = ckpt if c.full is not None else kinds.total(shape.mtp_kind, False)
+    offload_layers = m.cpu_offloading_num_layers if (
+        m.cpu_offloading and m.cpu_offloading_activations) else 0
+    workspace = ov.ALLOCATED_WORKSPACE.value * GIB
+    fsdp_ws = 0.0
+    if rates.weight_shard_dense > 1:  # Megatron-FSDP: two layers all-gathered (and their grads)
+        big = max(b.tp_sharded / tp + b.replicated + b.routed / ep_etp for b in shape.buckets)
+        fsdp_ws = 2 * big * (rates.weight + rates.grad)
+    step_tmp = 4.0 if rates.grad < 4 else 0.0
+    full = c.full
+    sel = full is None  # full recompute keeps the non-recomputed layers whole
+    n_kinds = len(shape.kinds)
+    tot_bf16 = [kinds.total(k, False, sel) for k in range(n_kinds)]
+    tot_fp8 = [kinds.total(k, True, sel) for k in range(n_kinds)] if fp8_on else tot_bf16
+    ws_kind = [kinds.working_set(k) for k in range(n_kinds)]
+    r_w, r_w8, r_g, r_o = rates.weight, rates.fp8_weight, rates.grad, rates.optim
+    ws_d, ws_e = rates.weight_shard_dense, rates.weight_shard_expert
+    gs_d, gs_e = rates.grad_shard_dense, rates.grad_shard_expert
+    os_d, os_e = rates.dense_shard, rates.expert_shard
+    keep = 1.0 - rates.offload_fraction
+    mtp_one = mtp_extra + mtp_layer
+    stages: list[StageMemory] = []
+    best, best_peak = 0, -1.0
+    weights_all = _stage_weights(plans, _all_in_flight(pp, vpp, mbs, group), full is None,
+                                 offload_layers)
+    for r, sp in enumerate(plans):
+        (counts, w_rows, groups_w, groups_u, emb_w, emb_u, loss_w, loss_u, mtp_w,
+         mtp_u) = weights_all[r]
+        activations = groups_w * ckpt + emb_w * emb_act + loss_w * loss_act + mtp_w * mtp_one
+        per_mb = groups_u * ckpt + emb_u * emb_act + loss_u * loss_act + mtp_u * mtp_one
+        for k, w8, w16, u8, u16 in w_rows:
+            t8, t16 = tot_fp8[k], tot_bf16[k]
+            activations += w8 * t8 + w16 * t16
+            per_mb += u8 * t8 + u16 * t16
+        emb_part, loss_part, mtp_part = emb_w * emb_act, loss_w * loss_act, mtp_w * mtp_one
+        ws = max([ws_kind[k] for k in sp.kinds], default=0.0)
+        if sp.output_layer and loss_ws > ws:
+            ws = loss_ws
+        ws += fsdp_ws
+        dense, expert, f8d, f8e = sp.dense, sp.expert, sp.fp8_dense, sp.fp8_expert
+        weights = ((dense - f8d) * r_w + f8d * r_w8) / ws_d + (
+            (expert - f8e) * r_w + f8e * r_w8) / ws_e
+        grads = r_g * (dense / gs_d + expert / gs_e)
+        optim_shard = dense / os_d + expert / os_e
+        optimizer = r_o * optim_shard * keep
+        static = weights + grads + optimizer
+        fb = static + activations + ws + workspace
+        step = static + workspace + step_tmp * optim_shard
+        peak = fb if fb >= step else step
+        pk = _INV_GIB * peak
+        if pk > best_peak:
+            best, best_peak = r, pk
+        stages.append(_make(StageMemory, {
+            "stage": r, "layers": sp.layers, "layers_per_chunk": sp.layers_per_chunk,
+            "embedding": sp.embedding, "output_layer": sp.output_layer,
+            "mtp_layers": sp.mtp_layers, "params": int(dense + expert + 0.5),
+            "expert_params": int(expert + 0.5), "weights_gib": weights * _INV_GIB,
+            "grads_gib": grads * _INV_GIB, "optimizer_gib": optimizer * _INV_GIB,
+            "static_gib": static * _INV_GIB, "activation_per_microbatch_gib": per_mb * _INV_GIB,
+            "in_flight_microbatches": activations / per_mb if per_mb else 0.0,
+            "in_flight_per_chunk": counts, "activations_gib": activations * _INV_GIB,
+            "embedding_activations_gib": emb_part * _INV_GIB,
+            "logits_gib": loss_part * _INV_GIB, "mtp_activations_gib": mtp_part * _INV_GIB,
+            "transient_gib": ws * _INV_GIB, "workspace_gib": workspace * _INV_GIB,
+            "peak_allocated_gib": pk,
+            "peak_phase": "forward_backward" if fb >= step else "optimizer_step"}))
+
+    most = best
+    peak_gib = best_peak
+    expandable = ov.expandable_segments(cfg.env)
+    (lo_f, hi_f), band_source = ov.RESERVED_BAND[expandable]
+    band = (peak_gib * lo_f, peak_gib * hi_f)
+    context_c = ov.cuda_context(arch)
+    nccl = ov.nccl_bytes(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, edp=edp,
+                         alltoall=m.moe_token_dispatcher_type != "allgather")
+    graph = _graph_pool(cfg, stages[most])
+    over_total = context_c.value + nccl / GIB + graph
+    fits = fits_frag = headroom = None
+    if capacity is not None:
+        need = peak_gib + over_total + band[0]
+        fits = need <= capacity
+        fits_frag = peak_gib + over_total + band[1] <= capacity
+        headroom = capacity - need
+        if fits and not fits_frag:
+            warnings.append(
+                f"fits only if fragmentation stays low: peak {peak_gib:.1f} GiB + overheads "
+                f"{over_total:.1f} GiB + up to {band[1]:.1f} GiB reserved-but-unallocated "
+                f"exceeds {capacity:.1f} GiB"
+                + ("" if expandable else "; set PYTORCH_CUDA_ALLOC_CONF="
+                                         "expandable_segments:True"))
+        elif not fits:
+            warnings.append(f"does not fit: stage {most} needs {need:.1f} GiB (peak "
+                            f"{peak_gib:.1f} + overheads {over_total:.1f} + reserved "
+                            f"{band[0]:.1f}) of {capacity:.1f} GiB")
+    o, dd = cfg.optimizer, cfg.ddp
+    note_key = (c, shape.kinds, expandable, arch, p.bf16, p.fp16, p.fp8, p.grad_reduce_in_fp32,
+                p.first_last_layers_bf16, is_moe, o.optimizer_cpu_offload,
+                o.optimizer_offload_fraction, dd.use_megatron_fsdp,
+                dd.data_parallel_sharding_strategy, m.cpu_offloading,
+                m.cpu_offloading_num_layers, m.transformer_impl, m.seq_length,
+                m.multi_latent_attention, m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim)
+    notes = _NOTES.get(note_key)
+    if notes is None:
+        w: list[str] = []
+        a: list[str] = []
+        nm: list[str] = []
+        _notes(cfg, d, c, shape, expandable, band_source, context_c, w, a, nm)
+        if len(_NOTES) > 512:
+            _NOTES.clear()
+        notes = _NOTES[note_key] = (tuple(w), tuple(a), tuple(nm))
+    warnings += notes[0]
+    assumptions += notes[1]
+    not_modeled += notes[2]
+    layer_summ = []
+    for k, (mixer, mlp) in enumerate(shape.kinds):
+        count = shape.prefix[k][-1]
+        for fp8 in ((False, True) if fp8_on else (False,)):
+            nk = count
+            if fp8_on:
+                bf = shape.count(k, 0, bf16_lo) + shape.count(k, bf16_hi, L)
+                nk = count - bf if fp8 else bf
+            if not nk:
+                continue
+            layer_total, terms_gib = kinds.summary(k, fp8)
+            layer_summ.append(_make(LayerKindActivation, {
+                "mixer": mixer, "mlp": mlp, "fp8": fp8, "count": nk,
+                "per_layer_gib": layer_total * _INV_GIB, "terms_gib": dict(terms_gib)}))
+    return _make(MemoryReport, {
+        "per_stage": stages, "most_loaded_stage": most, "peak_allocated_gib": peak_gib,
+        "reserved_band_gib": band,
+        "overheads": _make(Overheads, {
+            "cuda_context_gib": context_c.value, "nccl_gib": nccl * _INV_GIB,
+            "cuda_graph_pool_gib": graph, "total_gib": over_total}),
+        "gpu": gpu_name, "gpu_capacity_gib": capacity, "fits": fits,
+        "fits_with_fragmentation": fits_frag, "headroom_gib": headroom,
+        "total_params": shape.total_params, "layer_activations": layer_summ,
+        "parallelism": {"world_size": world, "tensor": tp, "pipeline": pp,
+                        "virtual_pipeline": vpp, "context": cp, "expert": ep,
+                        "expert_tensor": etp, "data": dp,
+                        "expert_data": edp if is_moe else None, "num_microbatches": mbs},
+        "warnings": warnings, "assumptions": assumptions, "not_modeled": not_modeled})
+
+
+def _graph_pool(cfg: TrainingConfig, stage: StageMemory) -> float:
+    """CUDA-graph private pool (GiB): graphed activations of the micro-batches in flight live in
+    a pool nothing else can reuse."""
+    m = cfg.model
+    if m.cuda_graph_impl == "none" and not m.enable_cuda_graph and not m.external_cuda_graph:
+        return 0.0
+    from mbridge_perf.rules.recompute import full_iteration_graph, graph_impl, graph_modules
+
+    impl = graph_impl(m)
+    if impl == "none":
+        return 0.0
+    if full_iteration_graph(m):
+        share = 1.0
+    else:
+        mods = set(graph_modules(m))
+        if not mods or (impl == "local" and mods <= {"full"}):
+            share = 1.0
+        else:
+            share = 0.0
+            if "attn" in mods:
+                share += 0.4
+            if "mlp" in mods or "moe" in mods:
+                share += 0.5
+            if mods & {"moe_router", "moe_preprocess"}:
+                share += 0.1
+            share = min(share, 1.0)
+    return ov.CUDA_GRAPH_FIXED.value + share * stage.activations_gib
+
+
+def _notes(cfg: TrainingConfig, d: Derived, c: ActContext, shape: Shape, expandable: bool,
+           band_source: str, context_c: ov.Constant, warnings: list[str],
+           assumptions: list[str], not_modeled: list[str]) -> None:
+    """Plain-words assumptions, warnings and gaps that depend on the config."""
+    m, p = cfg.model, d.precision
+    half = p.bf16 or p.fp16
+    attn = ("fused (flash / cuDNN: no s² scores kept)" if c.fused_attn
+            else "unfused (a·s² scores, probabilities and dropout masks kept)")
+    assumptions.append(f"activations in {'BF16/FP16' if c.e == 2 else 'FP32'}; attention {attn}")
+    grad_dtype = "FP32" if (p.grad_reduce_in_fp32 or not half) else "BF16/FP16"
+    assumptions.append(f"weights {'BF16/FP16' if half else 'FP32'}, gradient buffers "
+                       f"{grad_dtype} (grad_reduce_in_fp32), Adam master weights and moments "
+                       "FP32 unless the precision-aware optimizer dtypes say otherwise")
+    assumptions.append("resident cuBLAS / Transformer Engine workspaces: "
+                       f"{ov.ALLOCATED_WORKSPACE.value} GiB ({ov.ALLOCATED_WORKSPACE.source})")
+    assumptions.append(f"CUDA context {context_c.value} GiB ({context_c.source}); NCCL "
+                       f"{ov.NCCL_COLLECTIVE_GIB.value} GiB per collective communicator "
+                       f"({ov.NCCL_COLLECTIVE_GIB.source}), {ov.NCCL_ALLTOALL_GIB.value} GiB for "
+                       f"expert all-to-all ({ov.NCCL_ALLTOALL_GIB.source})")
+    assumptions.append(f"reserved band: {band_source}")
+    assumptions.append("in-flight micro-batches follow Megatron-Core's 1F1B / interleaved "
+                       "warm-up (stage r holds min(PP - r, M); interleaved (PP - r - 1)·2 + "
+                       "(VPP - 1)·PP + 1 chunk passes)")
+    if d.is_moe:
+        assumptions.append(f"routed tokens per GPU = top-k x tokens x ETP x imbalance "
+                           f"{c.imbalance:g} (not divided by EP); router scores "
+                           "16 bytes per token and expert")
+    if c.fp8_bytes:
+        no_t = bool((m.__pydantic_extra__ or {}).get("disable_parameter_transpose_cache"))
+        weights = ("FP8 weights only (fp8_param)" if p.fp8_param else
+                   "BF16 weights plus cached FP8 copies")
+        assumptions.append(
+            "FP8 (Transformer Engine): linear inputs saved as one FP8 copy per element; "
+            f"{weights}, {'without' if no_t else 'with'} a cached transpose (ESTIMATED, not "
+            "measured on a GPU)"
+            + ("; first/last layers kept in BF16" if p.first_last_layers_bf16 else ""))
+        not_modeled.append("FP8 amax histories, scaling factors and TE's per-module FP8 "
+                           "workspaces")
+    elif p.fp8 and m.transformer_impl == "local":
+        warnings.append("fp8 is set but transformer_impl=local runs without Transformer Engine: "
+                        "FP8 is ignored here")
+    if c.full is not None:
+        assumptions.append(f"full recompute ({c.full}, recompute_num_layers={c.full_n}): each "
+                           "group keeps its input; one group's activations are live during its "
+                           "backward")
+    if c.offload:
+        assumptions.append("fine-grained activation offloading: the offloaded modules' saved "
+                           f"tensors ({', '.join(sorted(c.offload))}) are counted on the host")
+        not_modeled.append("GPU staging buffers of activation offloading")
+    if m.cpu_offloading:
+        assumptions.append(f"CPU activation offloading of {m.cpu_offloading_num_layers} "
+                           "layers per stage (one layer stays as a staging buffer)")
+    if cfg.optimizer.optimizer_cpu_offload:
+        assumptions.append(f"optimizer CPU offload: {cfg.optimizer.optimizer_offload_fraction:g}"
+                           " of the optimizer state lives on the host")
+    if cfg.ddp.use_megatron_fsdp:
+        assumptions.append(f"Megatron-FSDP ({cfg.ddp.data_parallel_sharding_strategy}): two "
+                           "layers' parameters all-gathered at a time")
+    if any(k[0] in ("gdn", "mamba") for k in shape.kinds):
+        not_modeled.append("GatedDeltaNet / Mamba activations beyond their input / output "
+                           "projections (chunked-scan states), approximate")
+    if not c.fused_attn and m.seq_length and m.seq_length >= 2048:
+        warnings.append(f"unfused attention keeps a·s² scores per layer at seq_length="
+                        f"{m.seq_length}; a fused backend (attention_backend=auto / flash / "
+                        "fused with Transformer Engine) removes them")
+    elif c.fused_attn:
+        qk = (m.qk_head_dim + m.qk_pos_emb_head_dim) if m.multi_latent_attention else c.head_dim
+        vd = m.v_head_dim if m.multi_latent_attention else c.head_dim
+        if qk > 256 or vd > 256 or qk != vd:
+            s_local = c.s
+            extra = 5 * c.b * max(c.heads // c.t, 1) * s_local * s_local / GIB
+            warnings.append(f"attention head dims (q/k {qk}, v {vd}) may not be supported by "
+                            "every fused kernel; if Transformer Engine falls back to unfused "
+                            f"attention each layer keeps ~{extra:.2f} GiB more per micro-batch")
+    if c.cp > 1:
+        assumptions.append("context parallelism: K/V kept twice for the ring exchange "
+                           "(ESTIMATED, as the mbridge estimator does)")
+    if not expandable:
+        not_modeled.append("fragmentation beyond the reserved band's high end")
+
+
+# ---------------------------------------------------------------------------------------------
+# text rendering
+
+
+def format_estimate(report: MemoryReport, stage: int | None = None) -> str:
+    """A readable per-stage table (the CLI's default output); ``stage`` picks one stage
+    (negative counts from the last, so -1 is the last stage)."""
+    n = len(report.per_stage)
+    if stage is not None and not -n <= stage < n:
+        raise ConfigError("stage", f"{stage} is not a pipeline stage; use 0..{n - 1} or -1 for "
+                                   "the last")
+    rows = report.per_stage if stage is None else [report.per_stage[stage]]
+    head = ("stage", "layers", "params", "weights", "grads", "optim", "static", "act/mb",
+            "in-flight", "activ.", "transient", "peak")
+    lines = []
+    par = report.parallelism
+    lines.append("Memory estimate per GPU (GiB = 2^30 bytes): TP{tensor} PP{pipeline} "
+                 "VPP{virtual_pipeline} CP{context} EP{expert} ETP{expert_tensor} DP{data}, "
+                 "{num_microbatches} micro-batches".format(
+                     **{k: ("?" if v is None else v) for k, v in par.items()}))
+    widths = (5, 9, 8, 8, 7, 7, 7, 7, 9, 7, 9, 7)
+    lines.append("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
+    for s in rows:
+        chunks = s.layers_per_chunk
+        span = (f"{len(s.layers)}" if len(chunks) == 1 or len(set(chunks)) > 1
+                else f"{len(chunks)}x{chunks[0]}")
+        tags = ("E" if s.embedding else "") + ("L" if s.output_layer else "") + (
+            "m" if s.mtp_layers else "")
+        cells = (f"{s.stage}{'*' if s.stage == report.most_loaded_stage else ''}",
+                 f"{span}{tags and ' ' + tags}", f"{s.params / 1e9:.2f}B",
+                 f"{s.weights_gib:.2f}", f"{s.grads_gib:.2f}", f"{s.optimizer_gib:.2f}",
+                 f"{s.static_gib:.2f}", f"{s.activation_per_microbatch_gib:.2f}",
+                 f"{s.in_flight_microbatches:.2f}", f"{s.activations_gib:.2f}",
+                 f"{s.transient_gib:.2f}", f"{s.peak_allocated_gib:.2f}")
+        lines.append("  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)))
+    if stage is not None:
+        lines += _stage_detail(report.per_stage[stage])
+    o = report.overheads
+    lo, hi = report.reserved_band_gib
+    lines.append(f"* most loaded: stage {report.most_loaded_stage}, peak allocated "
+                 f"{report.peak_allocated_gib:.2f} GiB; reserved band +{lo:.2f}..+{hi:.2f} GiB; "
+                 f"outside the allocator: context {o.cuda_context_gib:.2f} + NCCL "
+                 f"{o.nccl_gib:.2f} + CUDA graphs {o.cuda_graph_pool_gib:.2f} GiB")
+    if report.gpu_capacity_gib is not None:
+        verdict = ("fits" if report.fits else "does NOT fit")
+        if report.fits and not report.fits_with_fragmentation:
+            verdict += " (only if fragmentation stays low)"
+        lines.append(f"  {report.gpu} {report.gpu_capacity_gib:.2f} GiB: {verdict}, headroom "
+                     f"{report.headroom_gib:.2f} GiB")
+    for w in report.warnings:
+        lines.append(f"  warning: {w}")
+    return "\n".join(lines)
+
+
+def _stage_detail(s: StageMemory) -> list[str]:
+    """The full breakdown of one stage (`--stage N`)."""
+    first, last = (s.layers[0], s.layers[-1]) if s.layers else (None, None)
+    held = ", ".join(x for x, on in (("embedding", s.embedding),
+                                     ("final norm + output layer + loss", s.output_layer),
+                                     (f"{s.mtp_layers} MTP layer(s)", s.mtp_layers)) if on)
+    rows = [
+        ("transformer layers", f"{len(s.layers)} (indices {first}..{last}), per virtual chunk "
+                               f"{list(s.layers_per_chunk)}" if s.layers else "none"),
+        ("also holds", held or "nothing else"),
+        ("parameters on this GPU", f"{s.params:,} ({s.expert_params:,} routed-expert)"),
+        ("weights / grads / optimizer", f"{s.weights_gib:.3f} / {s.grads_gib:.3f} / "
+                                        f"{s.optimizer_gib:.3f} GiB = static {s.static_gib:.3f}"),
+        ("activations per micro-batch", f"{s.activation_per_microbatch_gib:.3f} GiB"),
+        ("micro-batches in flight", f"{s.in_flight_microbatches:.2f} (per chunk "
+                                    f"{list(s.in_flight_per_chunk)})"),
+        ("activations held at the peak", f"{s.activations_gib:.3f} GiB, of which embedding "
+                                         f"{s.embedding_activations_gib:.3f}, logits "
+                                         f"{s.logits_gib:.3f}, MTP "
+                                         f"{s.mtp_activations_gib:.3f}"),
+        ("transient working set", f"{s.transient_gib:.3f} GiB"),
+        ("resident workspaces", f"{s.workspace_gib:.3f} GiB"),
+        ("peak allocated", f"{s.peak_allocated_gib:.3f} GiB (during the "
+                           f"{s.peak_phase.replace('_', ' ')})"),
+    ]
+    return [f"  stage {s.stage} in full:"] + [f"    {k:30} {v}" for k, v in rows]

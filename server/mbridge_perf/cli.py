@@ -54,14 +54,15 @@ def _cmd_lint(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_config_args(p: argparse.ArgumentParser) -> None:
+def _add_config_args(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
     """The config inputs every config-reading command takes, in composition order."""
     p.add_argument("file", nargs="?", help="Bridge config YAML/JSON, a Hugging Face "
                                            "config.json, or - for stdin")
     p.add_argument("--preset", help="model preset to start from (see `mbridge-perf presets`)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="dotted override, e.g. model.tensor_model_parallel_size=8 (repeatable)")
-    p.add_argument("--json", action="store_true", help="print the JSON report")
+    if json_flag:
+        p.add_argument("--json", action="store_true", help="print the JSON report")
     p.set_defaults(flags=[])
     p.epilog = ("Perf-harness flags go after --, e.g. `-- -tp 8 -pp 4 -ng 32 "
                 "--recompute_modules core_attn,mlp`.")
@@ -120,6 +121,83 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     return 1 if report.fits is False else 0
 
 
+def _bench_print(args: argparse.Namespace, model: object, text: str) -> None:
+    from pydantic import BaseModel
+
+    if args.json and isinstance(model, BaseModel):
+        print(model.model_dump_json(indent=2))
+    elif args.json:
+        print(json.dumps(model, indent=2, default=str))
+    else:
+        print(text)
+
+
+def _status_line(st: object) -> str:
+    s = st  # RunStatus
+    prog = f" {s.last_iteration}/{s.steps}" if s.last_iteration is not None else ""
+    return (f"{s.run_id}  {s.state:9}{prog}  {s.executor} {s.external_id or '-'}  "
+            f"{s.updated_at}  {s.message}")
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import time
+
+    from mbridge_perf.bench import service
+    from mbridge_perf.bench.registry import Registry
+    from mbridge_perf.bench.result import render_comparison
+    from mbridge_perf.config.errors import ConfigError
+
+    try:
+        reg = Registry(args.registry) if args.registry else None
+        if args.action == "submit":
+            cfg = _load_config(args)
+            handle = service.submit(cfg, service.resolve_profile(args.profile), registry=reg,
+                                    dry_run=not args.run, steps=args.steps,
+                                    window=service.parse_window(args.window), label=args.label,
+                                    recipe=args.recipe)
+            head = ("DRY RUN: nothing submitted (add --run to submit). Script:\n" if
+                    handle.dry_run else f"submitted run {handle.run_id} ({handle.executor} "
+                                        f"{handle.external_id}); poll: mbridge-perf bench "
+                                        f"status {handle.run_id}\n")
+            _bench_print(args, handle, head + (handle.script if handle.dry_run else ""))
+            return 0
+        if args.action == "status":
+            st = service.status(args.run_id, registry=reg)
+            deadline = time.monotonic() + args.wait
+            while not st.terminal and time.monotonic() < deadline:
+                time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
+                st = service.status(args.run_id, registry=reg)
+            _bench_print(args, st, _status_line(st))
+            return 0
+        if args.action in ("result", "parse"):
+            if args.action == "result":
+                res = service.result(args.run_id, registry=reg, golden_tflops=args.golden_tflops,
+                                     regression_pct=args.regression_pct)
+            else:
+                res = service.parse(args.log, window=service.parse_window(args.window),
+                                    golden_tflops=args.golden_tflops,
+                                    regression_pct=args.regression_pct, num_gpus=args.num_gpus,
+                                    seq_length=args.seq_length,
+                                    global_batch_size=args.global_batch_size)
+            _bench_print(args, res, res.markdown)
+            return 0 if res.result.outcome == "pass" else 1
+        if args.action == "cancel":
+            st = service.cancel(args.run_id, registry=reg)
+            _bench_print(args, st, _status_line(st))
+            return 0
+        if args.action == "compare":
+            cmp = service.compare_runs(args.run_a, args.run_b, registry=reg)
+            _bench_print(args, cmp, render_comparison(cmp.comparison))
+            return 0 if cmp.comparison.valid else 1
+        runs = service.list_runs(registry=reg, state=args.state, limit=args.limit)
+        _bench_print(args, [r.model_dump(mode="json") for r in runs],
+                     "\n".join(_status_line(r) for r in runs) or "no runs")
+        return 0
+    except (ConfigError, service.BenchError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
 def _cmd_presets(args: argparse.Namespace) -> int:
     from mbridge_perf.config.presets import load_presets
 
@@ -166,6 +244,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--imbalance", type=float, default=1.0,
                    help="MoE routing imbalance: tokens on the busiest expert / mean (>= 1)")
     p.set_defaults(func=_cmd_estimate)
+
+    p = sub.add_parser("bench", help="run and judge benchmarks (local or Slurm)")
+    bench = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def bench_cmd(name: str, help_text: str) -> argparse.ArgumentParser:
+        q = bench.add_parser(name, help=help_text)
+        q.add_argument("--registry", help="run registry file (default: $MBRIDGE_PERF_REGISTRY "
+                                          "or the user data directory)")
+        q.add_argument("--json", action="store_true", help="print JSON")
+        q.set_defaults(func=_cmd_bench)
+        return q
+
+    q = bench_cmd("submit", "freeze the contract and render the job; --run submits it")
+    _add_config_args(q, json_flag=False)
+    q.add_argument("--profile", required=True,
+                   help="cluster profile: a built-in (cpu-test) or a YAML file")
+    q.add_argument("--run", action="store_true", help="really submit (default: dry run)")
+    q.add_argument("--steps", type=int, help="training steps (default: train.train_iters or 50)")
+    q.add_argument("--window", default="41-50", help="steady-state window (default 41-50)")
+    q.add_argument("--label", choices=["training-equivalent", "benchmark-only"])
+    q.add_argument("--recipe", help="Megatron Bridge recipe for run_recipe.py, e.g. "
+                                    "llama3_8b_pretrain_config")
+    q = bench_cmd("status", "state and progress of a run")
+    q.add_argument("run_id")
+    q.add_argument("--wait", type=float, default=0.0, help="poll up to this many seconds")
+    for name, text in (("result", "judge a finished run"), ("parse", "judge any training log")):
+        q = bench_cmd(name, text)
+        if name == "result":
+            q.add_argument("run_id")
+        else:
+            q.add_argument("log")
+            q.add_argument("--window", default="41-50", help="steady-state window")
+            q.add_argument("--num-gpus", type=int, help="for tokens/s/GPU")
+            q.add_argument("--seq-length", type=int, help="for tokens/s/GPU")
+            q.add_argument("--global-batch-size", type=int, help="for tokens/s/GPU")
+        q.add_argument("--golden-tflops", type=float, help="golden TFLOP/s/GPU to compare with")
+        q.add_argument("--regression-pct", type=float, default=5.0,
+                       help="allowed drop below golden (default 5)")
+    q = bench_cmd("cancel", "cancel a run this registry made")
+    q.add_argument("run_id")
+    q = bench_cmd("compare", "A/B of two finished runs")
+    q.add_argument("run_a")
+    q.add_argument("run_b")
+    q = bench_cmd("list", "recent runs")
+    q.add_argument("--state", help="only runs in this state")
+    q.add_argument("--limit", type=int, default=20)
 
     p = sub.add_parser("presets", help="list the model presets")
     p.add_argument("--json", action="store_true", help="print every preset as JSON")

@@ -10,14 +10,15 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
 from mbridge_perf import __version__
+from mbridge_perf.bench.reports import RunComparison, RunHandle, RunResult, RunStatus
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.load import ConfigSource, load_source
 from mbridge_perf.memory.estimate import MemoryReport
@@ -144,12 +145,140 @@ def _register_tools(server: MCPServer) -> list[str]:
 
     tools = [(validate_config, "Validate a training config", PURE),
              (estimate_memory, "Estimate per-GPU memory", PURE),
-             (list_presets, "List model presets", PURE)]
+             (list_presets, "List model presets", PURE),
+             *_bench_tools()]
     for fn, title, hints in tools:
         # cleandoc: the docstring is the description the assistant reads, without indentation
         server.tool(title=title, annotations=hints,
                     description=inspect.cleandoc(fn.__doc__ or ""))(fn)
     return [fn.__name__ for fn, _, _ in tools]
+
+
+RunId = Annotated[str, Field(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9_-]+$",
+                             description="run id returned by submit_benchmark")]
+
+
+def _bench_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except ValueError as exc:  # BenchError, ConfigError: the input names what to fix
+        raise ToolError(f"{exc}. Fix that and call again.") from None
+
+
+def _bench_tools() -> list[tuple[Callable[..., Any], str, ToolAnnotations]]:
+    """The benchmark tools: long work behind job handles; no call blocks longer than 30 s.
+    The service (executors, SQLite registry) is imported on first use, not at start-up."""
+
+    def service() -> Any:
+        from mbridge_perf.bench import service as svc
+
+        return svc
+
+    def submit_benchmark(
+            config: Annotated[ConfigSource, Field(description="The training config to run.")],
+            profile: Annotated[str, Field(
+                description="Cluster profile name: a built-in ('cpu-test') or the stem of a "
+                            "YAML file in the user's profile directory "
+                            "($MBRIDGE_PERF_PROFILES, default ~/.config/mbridge-perf/"
+                            "profiles).")],
+            dry_run: Annotated[bool, Field(
+                description="True (default): render the job script and the contract, submit "
+                            "nothing. False: submit it (spends cluster time).")] = True,
+            steps: Annotated[int | None, Field(
+                ge=50, le=1_000_000, description="Training steps (default: train.train_iters "
+                                                 "or 50; the contract needs >= 50).")] = None,
+            window_start: Annotated[int, Field(ge=1, description="First iteration of the "
+                                                                 "steady-state window.")] = 41,
+            window_end: Annotated[int, Field(ge=1, description="Last iteration of the "
+                                                               "window.")] = 50,
+            label: Annotated[Literal["training-equivalent", "benchmark-only"] | None, Field(
+                description="Acceptance class; forced load balancing makes a run "
+                            "benchmark-only.")] = None,
+            recipe: Annotated[str | None, Field(
+                pattern=r"^[A-Za-z0-9_.]+$", max_length=200,
+                description="Megatron Bridge recipe for the run_recipe.py launcher, e.g. "
+                            "'llama3_8b_pretrain_config'; the config's values override "
+                            "it.")] = None,
+    ) -> RunHandle:
+        """Run a training benchmark on the user's cluster (Slurm) or locally, under a frozen
+        measurement contract (versions, hardware, layout, precision, recompute, dispatcher,
+        overlap, graphs, steady-state window). Dry run by default: returns the rendered batch
+        script and contract so the user can review them; with dry_run=false it submits and
+        returns a job handle at once (run_id, executor job id, poll_after_s) — then poll
+        benchmark_status and fetch benchmark_result. The config is validated first; a config
+        Megatron would refuse is not submitted. Runs are kept in a registry that survives
+        server restarts."""
+        cfg = _config(config)
+        prof = _bench_call(service().named_profile, profile)
+        return _bench_call(service().submit, cfg, prof, dry_run=dry_run, steps=steps,
+                           window=(window_start, window_end), label=label, recipe=recipe)
+
+    async def benchmark_status(
+            run_id: RunId,
+            ctx: Context,
+            wait_s: Annotated[float, Field(
+                ge=0, le=30, description="Wait up to this many seconds (max 30) for the run "
+                                         "to finish, with progress notifications.")] = 0,
+    ) -> RunStatus:
+        """State of a submitted benchmark (pending, running, completed, failed, cancelled,
+        timeout, lost, unknown), its progress (last iteration logged of the steps asked for),
+        exit code and the executor's message. With wait_s it polls for up to 30 s and sends
+        progress notifications; call again if the run is still going."""
+        import anyio
+
+        deadline = anyio.current_time() + wait_s
+        while True:
+            st = await anyio.to_thread.run_sync(lambda: _bench_call(service().status, run_id))
+            if st.progress_pct is not None:
+                await ctx.report_progress(st.progress_pct, 100.0,
+                                          f"{st.state}: iteration {st.last_iteration or 0}"
+                                          f"/{st.steps}")
+            remaining = deadline - anyio.current_time()
+            if st.terminal or remaining <= 0:
+                return st
+            await anyio.sleep(min(2.0, remaining))
+
+    def benchmark_result(
+            run_id: RunId,
+            golden_tflops: Annotated[float | None, Field(
+                gt=0, description="Golden TFLOP/s/GPU to check a regression against.")] = None,
+            regression_pct: Annotated[float, Field(
+                gt=0, le=100, description="Allowed drop below golden, percent.")] = 5.0,
+    ) -> RunResult:
+        """Judge a finished benchmark from its log against its contract: validity gates
+        (enough steps, finite losses, no skipped / NaN iterations in the window, requested
+        features evidenced), steady-window metrics (median and spread of step time,
+        TFLOP/s/GPU, tokens/s/GPU, peak allocated / reserved), regression against a golden
+        value, and an evidence bundle as JSON and Markdown. Errors if the run has not
+        finished."""
+        return _bench_call(service().result, run_id, golden_tflops=golden_tflops,
+                           regression_pct=regression_pct)
+
+    def cancel_benchmark(run_id: RunId) -> RunStatus:
+        """Cancel a benchmark this server submitted (scancel / kill of its own job only;
+        jobs it did not create are refused). Finished runs are left as they are."""
+        return _bench_call(service().cancel, run_id)
+
+    def compare_benchmarks(run_a: RunId, run_b: RunId) -> RunComparison:
+        """A/B two finished benchmarks. Valid only when their contracts differ in exactly one
+        variable (e.g. the dispatcher) and both results are valid; otherwise it names the
+        extra differences. Reports deltas of step time, TFLOP/s/GPU, tokens/s/GPU and peak
+        memory, absolute and in percent."""
+        return _bench_call(service().compare_runs, run_a, run_b)
+
+    cluster = ToolAnnotations(read_only_hint=True, destructive_hint=False,
+                              idempotent_hint=True, open_world_hint=True)
+    return [
+        (submit_benchmark, "Submit a benchmark (dry run by default)",
+         ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
+                         open_world_hint=True)),
+        (benchmark_status, "Benchmark status", cluster),
+        (benchmark_result, "Benchmark result", cluster),
+        (cancel_benchmark, "Cancel a benchmark",
+         ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True,
+                         open_world_hint=True)),
+        (compare_benchmarks, "Compare two benchmarks", cluster),
+    ]
 
 
 def _register_resources(server: MCPServer, skills: list[Skill]) -> None:

@@ -1,0 +1,1 @@
+"""Benchmark runs: measurement contract, log parser, results and A/B, launch and run registry."""

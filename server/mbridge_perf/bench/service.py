@@ -1,0 +1,250 @@
+"""The benchmark operations the CLI and the MCP tools share: submit (dry run by default),
+status, result, cancel, compare, list, and parse a log from any launcher.
+
+Everything a run needs later (contract, script, log path, executor, external id) lives in the
+registry, so any process — a restarted server, the CLI — can pick a run up again.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mbridge_perf.bench.contract import MeasurementContract, contract_from_config
+from mbridge_perf.bench.executors import cancel_run, refresh_run, submit_run
+from mbridge_perf.bench.launch import render_script
+from mbridge_perf.bench.logparse import parse_iteration_line, parse_log
+from mbridge_perf.bench.profile import ClusterProfile, ProfileError, load_profile
+from mbridge_perf.bench.registry import Registry, RunNotFound, RunRecord
+from mbridge_perf.bench.reports import RunComparison, RunHandle, RunResult, RunStatus
+from mbridge_perf.bench.result import (
+    compare,
+    evaluate,
+    evaluate_run,
+    evidence_bundle,
+    render_markdown,
+)
+from mbridge_perf.config.model import TrainingConfig
+
+PROFILES_ENV = "MBRIDGE_PERF_PROFILES"
+POLL_AFTER_S = 30
+TAIL_BYTES = 65_536
+
+
+class BenchError(ValueError):
+    """A benchmark request that cannot be carried out; the message says what to do."""
+
+
+def profile_dir() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(os.environ.get(PROFILES_ENV) or Path(base) / "mbridge-perf" / "profiles")
+
+
+def named_profile(name: str) -> ClusterProfile:
+    """A profile by name only: a built-in or `<name>.yaml` in the profile directory. Used by
+    the MCP tools, whose arguments come from a model: a profile's trusted setup lines must
+    come from a file the user wrote, never from a tool argument."""
+    if not name.replace("-", "").replace("_", "").isalnum():
+        raise BenchError(f"profile: {name!r} is not a profile name; use a built-in (cpu-test) "
+                         f"or the stem of a YAML file in {profile_dir()}")
+    path = profile_dir() / f"{name}.yaml"
+    try:
+        return load_profile(str(path) if path.is_file() else name)
+    except ProfileError as exc:
+        raise BenchError(f"profile: {exc}; profiles live in {profile_dir()} "
+                         f"(${PROFILES_ENV})") from None
+
+
+def resolve_profile(source: str | Path | Mapping[str, Any] | ClusterProfile) -> ClusterProfile:
+    try:
+        return load_profile(source)
+    except ProfileError as exc:
+        raise BenchError(f"profile: {exc}") from None
+
+
+def _steps(cfg: TrainingConfig, steps: int | None, window: tuple[int, int]) -> int:
+    n = steps or cfg.train.train_iters or max(50, window[1])
+    if n < window[1]:
+        raise BenchError(f"steps: {n} steps end before the steady-state window "
+                         f"{window[0]}-{window[1]}; ask for at least {window[1]} (the contract "
+                         "needs >= 50)")
+    return n
+
+
+def _contract(cfg: TrainingConfig, profile: ClusterProfile, window: tuple[int, int],
+              label: str | None, versions: Mapping[str, str] | None, steps: int
+              ) -> MeasurementContract:
+    sized = cfg.model_copy(update={"train": cfg.train.model_copy(update={"train_iters": steps})})
+    try:
+        return contract_from_config(sized, versions=dict(versions or {}), window=window,
+                                    label=label, launcher=profile.launcher)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise BenchError(f"contract: {exc}") from None
+
+
+def submit(cfg: TrainingConfig, profile: ClusterProfile, *, registry: Registry | None = None,
+           dry_run: bool = True, steps: int | None = None, window: tuple[int, int] = (41, 50),
+           label: str | None = None, versions: Mapping[str, str] | None = None,
+           recipe: str | None = None) -> RunHandle:
+    """Freeze the contract, render the script and — unless dry_run — submit it. A config
+    with validation errors is refused before anything reaches the cluster."""
+    from mbridge_perf.rules import validate
+
+    report = validate(cfg)
+    if not report.ok:
+        errs = "; ".join(f"{f.rule_id}: {f.message}" for f in report.findings
+                         if f.severity == "error")
+        raise BenchError(f"config: validate_config finds errors, the job would not start: "
+                         f"{errs}")
+    n = _steps(cfg, steps, window)
+    contract = _contract(cfg, profile, window, label, versions, n)
+    if dry_run:
+        try:
+            script = render_script(cfg, profile, run_id="DRY-RUN", log_path="<run-dir>/train.log",
+                                   recipe=recipe, steps=n)
+        except ValueError as exc:
+            raise BenchError(f"launch: {exc}") from None
+        return RunHandle(run_id=None, dry_run=True, state="not submitted",
+                         executor=profile.executor, external_id=None, profile=profile.name,
+                         steps=n, script=script, contract=contract.model_dump(mode="json"),
+                         poll_after_s=0, message="dry run: nothing was submitted; call again "
+                                                 "with dry_run=false to run it")
+    reg = registry or Registry()
+    try:
+        run = submit_run(reg, cfg, profile, recipe=recipe, steps=n,
+                         contract=contract.model_dump(mode="json"))
+    except ValueError as exc:
+        raise BenchError(f"launch: {exc}") from None
+    except RuntimeError as exc:  # SubmitError: the executor refused; the run is recorded
+        raise BenchError(f"submit: {exc}") from None
+    return RunHandle(run_id=run.id, dry_run=False, state=run.state, executor=run.executor,
+                     external_id=run.external_id, profile=profile.name, steps=n,
+                     script=run.script or "", contract=run.contract or {},
+                     poll_after_s=POLL_AFTER_S if run.executor == "slurm" else 5,
+                     message=run.message)
+
+
+def _get(reg: Registry, run_id: str) -> RunRecord:
+    try:
+        return reg.get(run_id)
+    except RunNotFound as exc:
+        raise BenchError(f"run_id: {exc.args[0] if exc.args else run_id}") from None
+
+
+def _last_iteration(log_path: str | None) -> int | None:
+    """The newest iteration in the log's tail: cheap enough to call on every poll."""
+    if not log_path:
+        return None
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - TAIL_BYTES))
+            tail = f.read()
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        if b"iteration" in line and (row := parse_iteration_line(line)) is not None:
+            return row.iteration
+    return None
+
+
+def _status(run: RunRecord) -> RunStatus:
+    steps = (run.contract or {}).get("window", {}).get("steps")
+    last = _last_iteration(run.log_path)
+    pct = None
+    if steps:
+        pct = 100.0 if run.state == "completed" else min(100.0, 100.0 * (last or 0) / steps)
+    return RunStatus(run_id=run.id, state=run.state, terminal=run.terminal,
+                     executor=run.executor, external_id=run.external_id,
+                     exit_code=run.exit_code, last_iteration=last, steps=steps,
+                     progress_pct=pct, message=run.message, log_path=run.log_path,
+                     created_at=run.created_at, updated_at=run.updated_at)
+
+
+def status(run_id: str, *, registry: Registry | None = None) -> RunStatus:
+    """Ask the executor about the run, store the answer, and report it with progress."""
+    reg = registry or Registry()
+    _get(reg, run_id)
+    return _status(refresh_run(reg, run_id))
+
+
+def result(run_id: str, *, registry: Registry | None = None,
+           golden_tflops: float | None = None, regression_pct: float = 5.0) -> RunResult:
+    """Judge a run's log against its contract (gates, steady-window metrics, regression)."""
+    reg = registry or Registry()
+    _get(reg, run_id)
+    run = refresh_run(reg, run_id)
+    if not run.terminal:
+        raise BenchError(f"run_id: run {run_id} is still {run.state}; poll benchmark_status "
+                         "and ask for the result once it has finished")
+    if not run.log_path or not Path(run.log_path).is_file():
+        raise BenchError(f"run_id: run {run_id} ({run.state}) left no log at {run.log_path}: "
+                         f"{run.message}")
+    contract = MeasurementContract.model_validate(run.contract)
+    judged = evaluate_run(parse_log(run.log_path), contract, golden_tflops=golden_tflops,
+                          regression_pct=regression_pct, exit_code=run.exit_code)
+    reg.set_result(run.id, judged.model_dump(mode="json"))
+    return RunResult(run_id=run.id, state=run.state, result=judged,
+                     evidence=evidence_bundle(judged, contract),
+                     markdown=render_markdown(judged, contract))
+
+
+def cancel(run_id: str, *, registry: Registry | None = None) -> RunStatus:
+    """Cancel a run this registry made (scancel only for its own jobs)."""
+    reg = registry or Registry()
+    _get(reg, run_id)
+    try:
+        return _status(cancel_run(reg, run_id))
+    except PermissionError as exc:
+        raise BenchError(f"run_id: {exc}") from None
+
+
+def compare_runs(run_a: str, run_b: str, *, registry: Registry | None = None
+                 ) -> RunComparison:
+    """A/B of two finished runs: valid only when their contracts differ in one variable."""
+    reg = registry or Registry()
+    pairs = []
+    for run_id in (run_a, run_b):
+        judged = result(run_id, registry=reg)
+        pairs.append((MeasurementContract.model_validate(judged.evidence["contract"]),
+                      judged.result))
+    return RunComparison(a=run_a, b=run_b, comparison=compare(pairs[0], pairs[1]))
+
+
+def list_runs(*, registry: Registry | None = None, state: str | None = None,
+              limit: int = 20) -> list[RunStatus]:
+    reg = registry or Registry()
+    return [_status(r) for r in reg.list(state=state, limit=limit)]
+
+
+def parse(log: str | Path, *, window: tuple[int, int] = (41, 50),
+          golden_tflops: float | None = None, regression_pct: float = 5.0,
+          num_gpus: int | None = None, seq_length: int | None = None,
+          global_batch_size: int | None = None) -> RunResult:
+    """The same judgement for a log from any launcher (no contract, no registry)."""
+    try:
+        parsed = parse_log(Path(log))
+    except OSError as exc:
+        raise BenchError(f"log: cannot read {log} ({exc.strerror})") from None
+    try:
+        judged = evaluate(parsed, window=window, golden_tflops=golden_tflops,
+                          regression_pct=regression_pct, num_gpus=num_gpus,
+                          seq_length=seq_length, global_batch_size=global_batch_size)
+    except ValueError as exc:
+        raise BenchError(f"window: {exc}") from None
+    return RunResult(run_id=None, state="parsed", result=judged,
+                     evidence=evidence_bundle(judged), markdown=render_markdown(judged))
+
+
+def parse_window(text: str) -> tuple[int, int]:
+    """`41-50` → (41, 50)."""
+    start, sep, end = text.partition("-")
+    try:
+        window = (int(start), int(end))
+    except ValueError:
+        raise BenchError(f"window: {text!r} is not START-END, e.g. 41-50") from None
+    if not sep or not 1 <= window[0] <= window[1]:
+        raise BenchError(f"window: {text!r} is not START-END with 1 <= START <= END")
+    return window

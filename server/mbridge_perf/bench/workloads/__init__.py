@@ -1,0 +1,1 @@
+"""Workloads the benchmark tools can launch without a GPU (tests, CI)."""

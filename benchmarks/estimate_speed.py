@@ -12,6 +12,7 @@ import argparse
 import statistics
 import time
 
+from _rate import calls_per_second
 from mbridge_perf.config.load import load_config
 from mbridge_perf.memory.estimate import estimate_memory
 
@@ -42,14 +43,8 @@ def main() -> None:
     t0 = time.perf_counter()
     report = estimate_memory(cfg)  # first call: builds the per-shape parameter cache
     first_ms = (time.perf_counter() - t0) * 1e3
-    rates = []
-    for _ in range(args.repeats):
-        n, start = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < args.seconds:
-            for _ in range(200):
-                estimate_memory(cfg)
-            n += 200
-        rates.append(n / elapsed)
+    rates = calls_per_second(lambda: estimate_memory(cfg), seconds=args.seconds,
+                             repeats=args.repeats, batch=200)
     par = report.parallelism
     print(f"config: deepseek-v3, TP{par['tensor']} PP{par['pipeline']} "
           f"VPP{par['virtual_pipeline']} EP{par['expert']} on {par['world_size']} GPUs, "

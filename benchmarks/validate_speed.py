@@ -10,6 +10,7 @@ import argparse
 import statistics
 import time
 
+from _rate import calls_per_second
 from mbridge_perf.config.load import load_config
 from mbridge_perf.rules import RULES, validate
 
@@ -39,14 +40,8 @@ def main() -> None:
     cfg = load_config(preset="deepseek-v3", overrides=OVERRIDES)
     load_ms = (time.perf_counter() - t0) * 1e3
     report = validate(cfg)
-    rates = []
-    for _ in range(args.repeats):
-        n, start = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < args.seconds:
-            for _ in range(100):
-                validate(cfg)
-            n += 100
-        rates.append(n / elapsed)
+    rates = calls_per_second(lambda: validate(cfg), seconds=args.seconds,
+                             repeats=args.repeats, batch=100)
     print(f"config: deepseek-v3, {len(RULES)} rules, {len(report.findings)} findings "
           f"({report.errors} errors), layers per stage {report.derived['layers_per_stage']}")
     print(f"first load_config (preset + {len(OVERRIDES)} overrides): {load_ms:.1f} ms")

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, Field
 
 from mbridge_perf.bench.launch import exit_file, render_script, slurm_job_name
+from mbridge_perf.bench.logparse import read_tail
 from mbridge_perf.bench.profile import ClusterProfile, load_profile
 from mbridge_perf.bench.registry import Registry, RunRecord, RunState
 from mbridge_perf.config.model import TrainingConfig
@@ -81,16 +82,10 @@ def torchrun_root_cause(log_path: str | Path | None, tail_bytes: int = 65_536
                         ) -> tuple[int, int] | None:
     """(rank, exit code) from torchrun's failure summary at the end of a log: torchrun itself
     exits 1 whatever its workers exited with, so the job's exit code hides the real one."""
-    if not log_path:
+    tail = read_tail(log_path, tail_bytes)
+    if tail is None:
         return None
-    try:
-        with open(log_path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - tail_bytes))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-    found = _ROOT_CAUSE.findall(text)
+    found = _ROOT_CAUSE.findall(tail.decode("utf-8", "replace"))
     return (int(found[-1][0]), int(found[-1][1])) if found else None
 
 

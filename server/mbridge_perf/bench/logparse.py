@@ -836,6 +836,20 @@ class ParsedLog:
 
 # --- sources ---------------------------------------------------------------------------------
 
+def read_tail(path: str | Path | None, size: int = 65_536) -> bytes | None:
+    """The last `size` bytes of a log (None when there is none): enough for the newest
+    iteration or a launcher's failure summary without reading a huge log whole."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - size))
+            return f.read()
+    except OSError:
+        return None
+
+
 def _path_chunks(path: Path, size: int) -> Iterator[bytes]:
     with path.open("rb") as f:
         while chunk := f.read(size):

@@ -15,7 +15,7 @@ from typing import Any
 from mbridge_perf.bench.contract import MeasurementContract, contract_from_config
 from mbridge_perf.bench.executors import cancel_run, refresh_run, submit_run
 from mbridge_perf.bench.launch import render_script
-from mbridge_perf.bench.logparse import parse_iteration_line, parse_log
+from mbridge_perf.bench.logparse import parse_iteration_line, parse_log, read_tail
 from mbridge_perf.bench.profile import ClusterProfile, ProfileError, load_profile
 from mbridge_perf.bench.registry import Registry, RunNotFound, RunRecord
 from mbridge_perf.bench.reports import RunComparison, RunHandle, RunResult, RunStatus
@@ -135,16 +135,7 @@ def _get(reg: Registry, run_id: str) -> RunRecord:
 
 def _last_iteration(log_path: str | None) -> int | None:
     """The newest iteration in the log's tail: cheap enough to call on every poll."""
-    if not log_path:
-        return None
-    try:
-        with open(log_path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - TAIL_BYTES))
-            tail = f.read()
-    except OSError:
-        return None
-    for line in reversed(tail.splitlines()):
+    for line in reversed((read_tail(log_path, TAIL_BYTES) or b"").splitlines()):
         if b"iteration" in line and (row := parse_iteration_line(line)) is not None:
             return row.iteration
     return None

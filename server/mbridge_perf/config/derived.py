@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from mbridge_perf.config.model import ModelSection, TrainingConfig
 
@@ -83,20 +83,40 @@ class Precision:
 def resolve_precision(cfg: TrainingConfig) -> Precision:
     m, mp = cfg.model, cfg.mixed_precision
     if mp is None:
-        return Precision(
-            bf16=m.bf16, fp16=m.fp16, fp8=m.fp8, fp8_recipe=m.fp8_recipe, fp8_param=m.fp8_param,
-            fp8_param_gather=False, fp4=m.fp4, fp4_recipe=m.fp4_recipe,
-            grad_reduce_in_fp32=cfg.ddp.grad_reduce_in_fp32,
-            first_last_layers_bf16=m.first_last_layers_bf16,
-            num_layers_at_start_in_bf16=m.num_layers_at_start_in_bf16,
-            num_layers_at_end_in_bf16=m.num_layers_at_end_in_bf16,
-            reuse_grad_buf_for_mxfp8_param_ag=False, from_mixed_precision=False)
-    values = dict(MIXED_PRECISION_DEFAULTS)
+        return _model_precision(
+            m.bf16, m.fp16, m.fp8, m.fp8_recipe, m.fp8_param, m.fp4, m.fp4_recipe,
+            cfg.ddp.grad_reduce_in_fp32, m.first_last_layers_bf16,
+            m.num_layers_at_start_in_bf16, m.num_layers_at_end_in_bf16)
     if isinstance(mp, str):
-        values |= MIXED_PRECISION_RECIPES.get(mp, {})
-    else:
-        values |= {k: v for k, v in mp.model_dump(exclude_unset=True).items()
-                   if k in MIXED_PRECISION_DEFAULTS and v is not None}
+        return _recipe_precision(mp)
+    values = dict(MIXED_PRECISION_DEFAULTS)
+    values |= {k: v for k, v in mp.model_dump(exclude_unset=True).items()
+               if k in MIXED_PRECISION_DEFAULTS and v is not None}
+    return _precision_from(values)
+
+
+# Precision is frozen and a pure function of these few values: resolved once per recipe name
+# or model-precision tuple, not once per call (estimates price thousands of layouts).
+@lru_cache(maxsize=256, typed=True)  # typed: True and 1 must not share an entry
+def _model_precision(bf16: bool, fp16: bool, fp8: str | None, fp8_recipe: str, fp8_param: bool,
+                     fp4: str | None, fp4_recipe: str | None, grad_reduce_in_fp32: bool,
+                     first_last_layers_bf16: bool, num_layers_at_start_in_bf16: int,
+                     num_layers_at_end_in_bf16: int) -> Precision:
+    return Precision(
+        bf16=bf16, fp16=fp16, fp8=fp8, fp8_recipe=fp8_recipe, fp8_param=fp8_param,
+        fp8_param_gather=False, fp4=fp4, fp4_recipe=fp4_recipe,
+        grad_reduce_in_fp32=grad_reduce_in_fp32, first_last_layers_bf16=first_last_layers_bf16,
+        num_layers_at_start_in_bf16=num_layers_at_start_in_bf16,
+        num_layers_at_end_in_bf16=num_layers_at_end_in_bf16,
+        reuse_grad_buf_for_mxfp8_param_ag=False, from_mixed_precision=False)
+
+
+@lru_cache(maxsize=64)
+def _recipe_precision(name: str) -> Precision:
+    return _precision_from(dict(MIXED_PRECISION_DEFAULTS) | MIXED_PRECISION_RECIPES.get(name, {}))
+
+
+def _precision_from(values: dict[str, object]) -> Precision:
     if values["fp8_param"] is None:  # Bridge keeps fp8_param and fp8_param_gather in step
         values["fp8_param"] = values["fp8_param_gather"]
     return Precision(**values, from_mixed_precision=True)  # type: ignore[arg-type]

@@ -30,6 +30,7 @@ Bytes are exact element counts times element widths; nothing here is fitted.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
@@ -126,7 +127,7 @@ class ActContext(NamedTuple):
 
 def _flag(m: ModelSection, name: str, default: bool) -> bool:
     """A model switch: explicit value (modelled or carried), else the given default."""
-    if name in m.model_fields_set:
+    if name in m.__pydantic_fields_set__:  # model_fields_set, without the property call
         return bool(getattr(m, name))
     extra = (m.__pydantic_extra__ or {}).get(name)
     return default if extra is None else bool(extra)
@@ -155,9 +156,12 @@ def context(cfg: TrainingConfig, *, imbalance: float = 1.0, precision: Precision
     missing)."""
     m = cfg.model
     p = precision or resolve_precision(cfg)
-    h = _need(m, "hidden_size", "model.hidden_size (the model width)")
-    heads = _need(m, "num_attention_heads", "model.num_attention_heads")
-    seq = _need(m, "seq_length", "model.seq_length=<training sequence length>")
+    h, heads, seq = m.hidden_size, m.num_attention_heads, m.seq_length
+    if h is None or heads is None or seq is None:
+        _need(m, "hidden_size", "model.hidden_size (the model width)")
+        _need(m, "num_attention_heads", "model.num_attention_heads")
+        _need(m, "seq_length", "model.seq_length=<training sequence length>")
+    h, heads, seq = int(h), int(heads), int(seq)
     if imbalance < 1.0:
         raise ConfigError("imbalance", f"must be >= 1.0 (1.0 = perfectly balanced routing), "
                                        f"got {imbalance}")
@@ -191,28 +195,34 @@ def context(cfg: TrainingConfig, *, imbalance: float = 1.0, precision: Precision
         offload = frozenset(m.offload_modules or ())
     gated = m.gated_linear_unit
     experts = int(m.num_moe_experts or 0)
-    return ActContext(
-        s=s, b=b, n=s * b, h=h, t=t, tsp=t if m.sequence_parallel else 1, cp=cp, e=e, te=te,
-        fused_attn=fused_attn, softmax_bytes=softmax_bytes, attn_drop=m.attention_dropout > 0,
-        hid_drop=m.hidden_dropout > 0,
-        rope=m.position_embedding_type in ("rope", "mrope", "yarn"),
-        rope_fused=_flag(m, "apply_rope_fusion", te), glu=gated,
-        act_fused=_flag(m, "bias_activation_fusion", te), layer_norm=m.normalization ==
-        "LayerNorm", qk_norm=m.qk_layernorm, heads=heads, groups=int(m.num_query_groups or heads),
-        head_dim=int(m.kv_channels or h // heads), ffn=int(m.ffn_hidden_size or 4 * h),
-        moe_ffn=int(m.moe_ffn_hidden_size or m.ffn_hidden_size or 4 * h),
-        shared_ffn=int(m.moe_shared_expert_intermediate_size or 0), topk=m.moe_router_topk,
-        experts=experts, etp=m.expert_tensor_parallel_size or t,
-        grouped_gemm=m.moe_grouped_gemm or te,
-        capacity_factor=m.moe_expert_capacity_factor,
-        pad_to_capacity=m.moe_pad_expert_input_to_capacity, q_lora=m.q_lora_rank,
-        kv_lora=m.kv_lora_rank, qk_head=m.qk_head_dim, qk_rope=m.qk_pos_emb_head_dim,
-        v_head=m.v_head_dim, selective=selective, full=full,
-        full_n=int(m.recompute_num_layers or 1),
-        distribute_saved=bool(m.distribute_saved_activations) and not m.sequence_parallel,
-        offload=offload, fp8_bytes=fp8_bytes, imbalance=imbalance,
-        mixer_dims=_mixer_dims(m, h) if shape_kinds is None or any(
-            k[0] in ("gdn", "mamba") for k in shape_kinds) else ())
+    # positional, in field order (_make checks the count): 44 keyword arguments cost about a
+    # microsecond per estimate
+    return ActContext._make((
+        s, b, s * b, h, t,  # s, b, n, h, t
+        t if m.sequence_parallel else 1, cp, e, te, fused_attn,  # tsp, cp, e, te, fused_attn
+        softmax_bytes, m.attention_dropout > 0, m.hidden_dropout > 0,  # .., attn/hid_drop
+        m.position_embedding_type in ("rope", "mrope", "yarn"),  # rope
+        _flag(m, "apply_rope_fusion", te), gated,  # rope_fused, glu
+        _flag(m, "bias_activation_fusion", te), m.normalization == "LayerNorm",  # act_fused, ..
+        m.qk_layernorm, heads, int(m.num_query_groups or heads),  # qk_norm, heads, groups
+        int(m.kv_channels or h // heads), int(m.ffn_hidden_size or 4 * h),  # head_dim, ffn
+        int(m.moe_ffn_hidden_size or m.ffn_hidden_size or 4 * h),  # moe_ffn
+        int(m.moe_shared_expert_intermediate_size or 0), m.moe_router_topk,  # shared_ffn, topk
+        experts, m.expert_tensor_parallel_size or t,  # experts, etp
+        m.moe_grouped_gemm or te, m.moe_expert_capacity_factor,  # grouped_gemm, capacity_factor
+        m.moe_pad_expert_input_to_capacity, m.q_lora_rank,  # pad_to_capacity, q_lora
+        m.kv_lora_rank, m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim,  # kv_lora .. v_head
+        selective, full, int(m.recompute_num_layers or 1),  # selective, full, full_n
+        bool(m.distribute_saved_activations) and not m.sequence_parallel,  # distribute_saved
+        offload, fp8_bytes, imbalance,  # offload, fp8_bytes, imbalance
+        _mixer_dims(m, h) if shape_kinds is None or _has_scan_mixer(shape_kinds)
+        else ()))  # mixer_dims
+
+
+@lru_cache(maxsize=64)
+def _has_scan_mixer(kinds: tuple[tuple[str, str], ...]) -> bool:
+    """Whether any layer kind is GDN / Mamba (cached per shape's kinds: checked per estimate)."""
+    return any(k[0] in ("gdn", "mamba") for k in kinds)
 
 
 def _mixer_dims(m: ModelSection, h: int) -> tuple[int, ...]:

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 
-from mbridge_perf.config.derived import Derived
+from mbridge_perf.config.derived import Derived, resolve_precision
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.gpus import lookup_gpu
 from mbridge_perf.config.model import TrainingConfig
@@ -161,7 +161,7 @@ class _Kinds:
     """Per-layer bytes of each (kind, fp8, selective) and each kind's backward working set,
     for one activation context; shared by every estimate with the same context and shape."""
 
-    __slots__ = ("_summ", "_terms", "_ws", "c", "kinds")
+    __slots__ = ("_summ", "_terms", "_vectors", "_ws", "c", "kinds")
 
     def __init__(self, c: ActContext, kinds: tuple[tuple[str, str], ...]) -> None:
         self.c = c
@@ -169,6 +169,7 @@ class _Kinds:
         self._terms: dict[tuple[int, bool, bool], tuple[float, dict[str, float]]] = {}
         self._ws: dict[int, float] = {}
         self._summ: dict[tuple[int, bool], tuple[float, dict[str, float]]] = {}
+        self._vectors: dict[tuple[bool, bool], tuple[list[float], list[float], list[float]]] = {}
 
     def get(self, kind: int, fp8: bool, selective: bool = True) -> tuple[float, dict[str, float]]:
         key = (kind, fp8, selective)
@@ -192,6 +193,19 @@ class _Kinds:
     def total(self, kind: int, fp8: bool, selective: bool = True) -> float:
         hit = self._terms.get((kind, fp8, selective))
         return hit[0] if hit is not None else self.get(kind, fp8, selective)[0]
+
+    def vectors(self, selective: bool, fp8_on: bool) -> tuple[list[float], list[float],
+                                                              list[float]]:
+        """Per kind: BF16 bytes, FP8 bytes (the BF16 list when no layer runs in FP8) and the
+        backward working set (cached; callers only read the lists)."""
+        hit = self._vectors.get((selective, fp8_on))
+        if hit is None:
+            n = range(len(self.kinds))
+            bf16 = [self.total(k, False, selective) for k in n]
+            fp8 = [self.total(k, True, selective) for k in n] if fp8_on else bf16
+            hit = self._vectors[(selective, fp8_on)] = (bf16, fp8,
+                                                        [self.working_set(k) for k in n])
+        return hit
 
     def working_set(self, kind: int) -> float:
         """Transient bytes of one layer's backward, plus what recompute rebuilds for it."""
@@ -373,14 +387,18 @@ def _stage_weights(plans: tuple[_StagePlan, ...], counts: tuple[tuple[int, ...],
     """Per stage, how many layer-micro-batches of each (kind, FP8 / BF16) and how many
     embedding / loss / MTP / recompute-group terms its activations hold: in flight at the peak
     (weighted by each chunk's in-flight count) and for one micro-batch. Activations are then a
-    short dot product with the per-kind bytes (cached per plan and schedule)."""
+    short dot product with the per-kind bytes (cached per plan and schedule). Each row is
+    (stage, plan, in-flight counts, in-flight rows, group / embedding / loss / MTP weights,
+    twin, per-micro-batch part); the twin is the first stage that differs from this one in
+    in-flight counts only."""
     key = (id(plans), counts, selective, offload_layers)
     hit = _WEIGHTS.get(key)
     if hit is not None and hit[0] is plans:
         return hit[1]
     if len(_WEIGHTS) > 512:
         _WEIGHTS.clear()
-    out = []
+    out: list[tuple[Any, ...]] = []
+    twins: dict[tuple[Any, ...], int] = {}
     for sp, cnts in zip(plans, counts, strict=True):
         rows: dict[int, list[float]] = {}
         gw = gu = ew = eu = lw = lu = mw = mu = 0.0
@@ -408,8 +426,13 @@ def _stage_weights(plans: tuple[_StagePlan, ...], counts: tuple[tuple[int, ...],
             if ch.mtp:
                 mw += cnt * ch.mtp
                 mu += ch.mtp
-        out.append((cnts, tuple((k, *v) for k, v in rows.items()), gw, gu, ew, eu, lw, lu, mw,
-                    mu))
+        unit = (tuple((k, v[2], v[3]) for k, v in rows.items()), gu, eu, lu, mu)
+        # stages equal in all but their in-flight counts share the values that only depend on
+        # what they hold (state, per-micro-batch activations, working set)
+        twin = twins.setdefault((sp.dense, sp.expert, sp.fp8_dense, sp.fp8_expert, sp.kinds,
+                                 sp.embedding, sp.output_layer, sp.mtp_layers, unit), len(out))
+        out.append((len(out), sp, cnts, tuple((k, v[0], v[1]) for k, v in rows.items()), gw,
+                    ew, lw, mw, twin, unit))
     result = tuple(out)
     _WEIGHTS[key] = (plans, result)
     return result
@@ -423,15 +446,20 @@ def _all_in_flight(pp: int, vpp: int, mbs: int | None, group: int | None) -> tup
 
 _setattr = object.__setattr__
 _new = object.__new__
+# every field is always given: copying a ready set is cheaper than hashing the dict's keys
+_FIELDS_SET: dict[type[BaseModel], set[str]] = {
+    cls: set(cls.model_fields) for cls in (StageMemory, LayerKindActivation, Overheads,
+                                           MemoryReport)}
 
 
 def _make(cls: type[Any], values: dict[str, Any]) -> Any:
     """Build a report model from values this module computed (already valid): pydantic's
     ``model_construct`` minus its per-field default handling, which dominated the run time.
-    Every field is given, so the fields-set is the model's field names."""
+    Every field is given, so the fields-set is the model's field names (a fresh copy per
+    object, as pydantic keeps it mutable)."""
     obj = _new(cls)
     _setattr(obj, "__dict__", values)
-    _setattr(obj, "__pydantic_fields_set__", set(values))
+    _setattr(obj, "__pydantic_fields_set__", _FIELDS_SET[cls].copy())
     _setattr(obj, "__pydantic_extra__", None)
     _setattr(obj, "__pydantic_private__", None)
     return obj
@@ -445,6 +473,10 @@ def _make(cls: type[Any], values: dict[str, Any]) -> Any:
 
 def _require(cfg: TrainingConfig) -> None:
     m = cfg.model
+    if (m.num_layers is not None and m.hidden_size is not None
+            and m.num_attention_heads is not None and m.seq_length is not None
+            and m.vocab_size is not None):
+        return  # the usual case, without the loop below
     for name, what in (("num_layers", "the number of transformer layers"),
                        ("hidden_size", "the model width"),
                        ("num_attention_heads", "the number of attention heads"),
@@ -460,13 +492,17 @@ def _gpu(cfg: TrainingConfig, gpu: str | None) -> tuple[str | None, float | None
     if not name:
         return None, None, None
     try:
-        spec = _lookup_gpu(name)
+        return _gpu_spec(name)
     except ValueError as exc:
         raise ConfigError("gpu" if gpu else "cluster.gpu", str(exc)) from None
+
+
+@lru_cache(maxsize=64)
+def _gpu_spec(name: str) -> tuple[str, float, str]:
+    spec = lookup_gpu(name)
     return spec.name, spec.capacity_gib, spec.architecture
 
 
-_lookup_gpu = lru_cache(maxsize=64)(lookup_gpu)
 _NOTES: dict[tuple[Any, ...], tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {}
 
 
@@ -476,8 +512,7 @@ def estimate_memory(cfg: TrainingConfig, *, gpu: str | None = None,
     _require(cfg)
     m = cfg.model
     extras = m.__pydantic_extra__ or {}
-    d = Derived(cfg)
-    p = d.precision
+    p = resolve_precision(cfg)
     gpu_name, capacity, arch = _gpu(cfg, gpu)
     shape = model_shape(m)
     place = placement(m)
@@ -486,15 +521,18 @@ def estimate_memory(cfg: TrainingConfig, *, gpu: str | None = None,
     warnings: list[str] = []
     not_modeled = list(NOT_MODELED)
 
-    tp, pp, cp, ep, etp = d.tp, d.pp, d.cp, d.ep, d.etp
+    # Derived's sizes, read once from the model
+    tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
+    cp, ep = m.context_parallel_size, m.expert_model_parallel_size
+    etp = m.expert_tensor_parallel_size or tp
     vpp = len(place[0])
-    world = d.world_size
-    is_moe = d.is_moe
+    world = cfg.cluster.num_gpus
+    is_moe = m.num_moe_experts is not None and m.num_moe_experts > 0
     if world is None:
         dp = edp = 1
         assumptions.append("cluster.num_gpus not given: assumed the smallest world for this "
-                           f"layout ({d.min_gpus} GPUs), so DP = 1 and nothing is sharded by "
-                           "the distributed optimizer")
+                           f"layout ({Derived(cfg).min_gpus} GPUs), so DP = 1 and nothing is "
+                           "sharded by the distributed optimizer")
     else:
         mp_size = tp * pp * cp
         if world % mp_size:
@@ -571,6 +609,7 @@ def estimate_memory(cfg: TrainingConfig, *, gpu: str | None = None,
     offload_layers = m.cpu_offloading_num_layers if (
         m.cpu_offloading and m.cpu_offloading_activations) else 0
     workspace = ov.ALLOCATED_WORKSPACE.value * GIB
+    workspace_gib = workspace * _INV_GIB
     fsdp_ws = 0.0
     if rates.weight_shard_dense > 1:  # Megatron-FSDP: two layers all-gathered (and their grads)
         big = max(b.tp_sharded / tp + b.replicated + b.routed / ep_etp for b in shape.buckets)
@@ -578,10 +617,7 @@ def estimate_memory(cfg: TrainingConfig, *, gpu: str | None = None,
     step_tmp = 4.0 if rates.grad < 4 else 0.0
     full = c.full
     sel = full is None  # full recompute keeps the non-recomputed layers whole
-    n_kinds = len(shape.kinds)
-    tot_bf16 = [kinds.total(k, False, sel) for k in range(n_kinds)]
-    tot_fp8 = [kinds.total(k, True, sel) for k in range(n_kinds)] if fp8_on else tot_bf16
-    ws_kind = [kinds.working_set(k) for k in range(n_kinds)]
+    tot_bf16, tot_fp8, ws_kind = kinds.vectors(sel, fp8_on)
     r_w, r_w8, r_g, r_o = rates.weight, rates.fp8_weight, rates.grad, rates.optim
     ws_d, ws_e = rates.weight_shard_dense, rates.weight_shard_expert
     gs_d, gs_e = rates.grad_shard_dense, rates.grad_shard_expert
@@ -592,47 +628,80 @@ def estimate_memory(cfg: TrainingConfig, *, gpu: str | None = None,
     best, best_peak = 0, -1.0
     weights_all = _stage_weights(plans, _all_in_flight(pp, vpp, mbs, group), full is None,
                                  offload_layers)
-    for r, sp in enumerate(plans):
-        (counts, w_rows, groups_w, groups_u, emb_w, emb_u, loss_w, loss_u, mtp_w,
-         mtp_u) = weights_all[r]
-        activations = groups_w * ckpt + emb_w * emb_act + loss_w * loss_act + mtp_w * mtp_one
-        per_mb = groups_u * ckpt + emb_u * emb_act + loss_u * loss_act + mtp_u * mtp_one
-        for k, w8, w16, u8, u16 in w_rows:
-            t8, t16 = tot_fp8[k], tot_bf16[k]
-            activations += w8 * t8 + w16 * t16
-            per_mb += u8 * t8 + u16 * t16
+    # one fields-set for this report's stages: it already names every field, so pydantic's
+    # only in-place change (adding a field's name on assignment, and these are frozen) is a
+    # no-op; a copy per stage was a large allocation each
+    fields_set = _FIELDS_SET[StageMemory].copy()
+    shared: dict[int, tuple[Any, ...]] = {}  # by twin: what depends only on what it holds
+    for r, sp, counts, held, groups_w, emb_w, loss_w, mtp_w, twin, unit in weights_all:
         emb_part, loss_part, mtp_part = emb_w * emb_act, loss_w * loss_act, mtp_w * mtp_one
-        ws = max([ws_kind[k] for k in sp.kinds], default=0.0)
-        if sp.output_layer and loss_ws > ws:
-            ws = loss_ws
-        ws += fsdp_ws
-        dense, expert, f8d, f8e = sp.dense, sp.expert, sp.fp8_dense, sp.fp8_expert
-        weights = ((dense - f8d) * r_w + f8d * r_w8) / ws_d + (
-            (expert - f8e) * r_w + f8e * r_w8) / ws_e
-        grads = r_g * (dense / gs_d + expert / gs_e)
-        optim_shard = dense / os_d + expert / os_e
-        optimizer = r_o * optim_shard * keep
-        static = weights + grads + optimizer
+        activations = groups_w * ckpt + emb_part + loss_part + mtp_part
+        for k, w8, w16 in held:
+            activations += w8 * tot_fp8[k] + w16 * tot_bf16[k]
+        if twin == r:
+            units, groups_u, emb_u, loss_u, mtp_u = unit
+            per_mb = groups_u * ckpt + emb_u * emb_act + loss_u * loss_act + mtp_u * mtp_one
+            for k, u8, u16 in units:
+                per_mb += u8 * tot_fp8[k] + u16 * tot_bf16[k]
+            dense, expert, f8d, f8e = sp.dense, sp.expert, sp.fp8_dense, sp.fp8_expert
+            ws = max(map(ws_kind.__getitem__, sp.kinds), default=0.0)
+            if sp.output_layer and loss_ws > ws:
+                ws = loss_ws
+            ws += fsdp_ws
+            weights = ((dense - f8d) * r_w + f8d * r_w8) / ws_d + (
+                (expert - f8e) * r_w + f8e * r_w8) / ws_e
+            grads = r_g * (dense / gs_d + expert / gs_e)
+            optim_shard = dense / os_d + expert / os_e
+            optimizer = r_o * optim_shard * keep
+            static = weights + grads + optimizer
+            # what the stage holds, in field order; the per-stage entries are set below
+            proto = {
+                "stage": 0, "layers": (), "layers_per_chunk": (), "embedding": sp.embedding,
+                "output_layer": sp.output_layer, "mtp_layers": sp.mtp_layers,
+                "params": int(dense + expert + 0.5), "expert_params": int(expert + 0.5),
+                "weights_gib": weights * _INV_GIB, "grads_gib": grads * _INV_GIB,
+                "optimizer_gib": optimizer * _INV_GIB, "static_gib": static * _INV_GIB,
+                "activation_per_microbatch_gib": per_mb * _INV_GIB,
+                "in_flight_microbatches": 0.0, "in_flight_per_chunk": (),
+                "activations_gib": 0.0, "embedding_activations_gib": 0.0, "logits_gib": 0.0,
+                "mtp_activations_gib": 0.0, "transient_gib": ws * _INV_GIB,
+                "workspace_gib": workspace_gib, "peak_allocated_gib": 0.0,
+                "peak_phase": "forward_backward"}
+            step = static + workspace + step_tmp * optim_shard
+            shared[r] = (per_mb, ws, static, step, proto)
+        else:
+            per_mb, ws, static, step, proto = shared[twin]
         fb = static + activations + ws + workspace
-        step = static + workspace + step_tmp * optim_shard
         peak = fb if fb >= step else step
         pk = _INV_GIB * peak
         if pk > best_peak:
             best, best_peak = r, pk
-        stages.append(_make(StageMemory, {
-            "stage": r, "layers": sp.layers, "layers_per_chunk": sp.layers_per_chunk,
-            "embedding": sp.embedding, "output_layer": sp.output_layer,
-            "mtp_layers": sp.mtp_layers, "params": int(dense + expert + 0.5),
-            "expert_params": int(expert + 0.5), "weights_gib": weights * _INV_GIB,
-            "grads_gib": grads * _INV_GIB, "optimizer_gib": optimizer * _INV_GIB,
-            "static_gib": static * _INV_GIB, "activation_per_microbatch_gib": per_mb * _INV_GIB,
-            "in_flight_microbatches": activations / per_mb if per_mb else 0.0,
-            "in_flight_per_chunk": counts, "activations_gib": activations * _INV_GIB,
-            "embedding_activations_gib": emb_part * _INV_GIB,
-            "logits_gib": loss_part * _INV_GIB, "mtp_activations_gib": mtp_part * _INV_GIB,
-            "transient_gib": ws * _INV_GIB, "workspace_gib": workspace * _INV_GIB,
-            "peak_allocated_gib": pk,
-            "peak_phase": "forward_backward" if fb >= step else "optimizer_step"}))
+        # copying the shared part is cheaper than building a 24-key dict per stage
+        values = proto.copy()
+        values["stage"] = r
+        values["layers"] = sp.layers
+        values["layers_per_chunk"] = sp.layers_per_chunk
+        values["in_flight_microbatches"] = activations / per_mb if per_mb else 0.0
+        values["in_flight_per_chunk"] = counts
+        values["activations_gib"] = activations * _INV_GIB
+        # the parts most stages lack stay at the prototype's 0.0 (a zero count times finite
+        # bytes is +0.0 too)
+        if emb_w:
+            values["embedding_activations_gib"] = emb_part * _INV_GIB
+        if loss_w:
+            values["logits_gib"] = loss_part * _INV_GIB
+        if mtp_w:
+            values["mtp_activations_gib"] = mtp_part * _INV_GIB
+        values["peak_allocated_gib"] = pk
+        if fb < step:
+            values["peak_phase"] = "optimizer_step"
+        # _make inlined: this runs once per stage
+        stage = _new(StageMemory)
+        _setattr(stage, "__dict__", values)
+        _setattr(stage, "__pydantic_fields_set__", fields_set)
+        _setattr(stage, "__pydantic_extra__", None)
+        _setattr(stage, "__pydantic_private__", None)
+        stages.append(stage)
 
     most = best
     peak_gib = best_peak
@@ -673,7 +742,7 @@ def estimate_memory(cfg: TrainingConfig, *, gpu: str | None = None,
         w: list[str] = []
         a: list[str] = []
         nm: list[str] = []
-        _notes(cfg, d, c, shape, expandable, band_source, context_c, w, a, nm)
+        _notes(cfg, Derived(cfg), c, shape, expandable, band_source, context_c, w, a, nm)
         if len(_NOTES) > 512:
             _NOTES.clear()
         notes = _NOTES[note_key] = (tuple(w), tuple(a), tuple(nm))

@@ -15,6 +15,7 @@ cached: an estimate only multiplies counts by bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from mbridge_perf.config.derived import Precision
@@ -55,6 +56,9 @@ def _freeze(value: Any) -> Any:
     return repr(value)
 
 
+_shape_fields = attrgetter(*SHAPE_FIELDS)  # one C call returning the tuple of values
+
+
 def shape_key(m: ModelSection) -> tuple[Any, ...]:
     """Everything parameter counts depend on, hashable."""
     freq = m.moe_layer_freq
@@ -63,8 +67,7 @@ def shape_key(m: ModelSection) -> tuple[Any, ...]:
         hash(extras)
     except TypeError:  # a list or mapping among the carried fields
         extras = _freeze(dict(extras))
-    return (tuple([getattr(m, f) for f in SHAPE_FIELDS]),
-            tuple(freq) if isinstance(freq, list) else freq, extras)
+    return (_shape_fields(m), tuple(freq) if isinstance(freq, list) else freq, extras)
 
 
 @dataclass(frozen=True, slots=True)

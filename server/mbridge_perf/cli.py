@@ -7,8 +7,13 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mbridge_perf import __version__
+
+if TYPE_CHECKING:  # the CLI imports its doors lazily; this is for the type checker only
+    from mbridge_perf.bench.reports import RunStatus
+    from mbridge_perf.config.model import TrainingConfig
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -68,7 +73,7 @@ def _add_config_args(p: argparse.ArgumentParser, json_flag: bool = True) -> None
                 "--recompute_modules core_attn,mlp`.")
 
 
-def _load_config(args: argparse.Namespace, which: str = "file"):
+def _load_config(args: argparse.Namespace, which: str = "file") -> TrainingConfig:
     from mbridge_perf.config.load import load_config
 
     source = getattr(args, which)
@@ -132,8 +137,7 @@ def _bench_print(args: argparse.Namespace, model: object, text: str) -> None:
         print(text)
 
 
-def _status_line(st: object) -> str:
-    s = st  # RunStatus
+def _status_line(s: RunStatus) -> str:
     prog = f" {s.last_iteration}/{s.steps}" if s.last_iteration is not None else ""
     return (f"{s.run_id}  {s.state:9}{prog}  {s.executor} {s.external_id or '-'}  "
             f"{s.updated_at}  {s.message}")

@@ -149,7 +149,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from mbridge_perf.bench import service
     from mbridge_perf.bench.registry import Registry
     from mbridge_perf.bench.result import render_comparison
-    from mbridge_perf.config.errors import ConfigError
 
     try:
         reg = Registry(args.registry) if args.registry else None
@@ -197,7 +196,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         _bench_print(args, [r.model_dump(mode="json") for r in runs],
                      "\n".join(_status_line(r) for r in runs) or "no runs")
         return 0
-    except (ConfigError, service.BenchError) as exc:
+    except ValueError as exc:  # ConfigError, BenchError, RegistryError: input to fix
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

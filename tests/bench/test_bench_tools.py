@@ -219,3 +219,10 @@ def test_readme_profile_example_renders_a_batch_script() -> None:
     assert handle.dry_run and "#SBATCH --account=my_account" in handle.script
     assert "--container-image" in handle.script and "source /lustre/envs/nccl.sh" in handle.script
     assert "expandable_segments:True" in handle.script
+
+
+def test_cli_unusable_registry_is_one_clear_line() -> None:
+    proc = bench("list", "--registry", "/proc/no-such-dir/runs.sqlite3")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: registry: cannot open /proc/no-such-dir")
+    assert "Traceback" not in proc.stderr

@@ -64,6 +64,10 @@ class RunNotFound(KeyError):
         return str(self.args[0]) if self.args else "run not found"
 
 
+class RegistryError(ValueError):
+    """The registry file cannot be used; the message says where and what to do."""
+
+
 class RunRecord(BaseModel):
     """One row of the registry, JSON columns decoded."""
 
@@ -119,16 +123,24 @@ class Registry:
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path).expanduser() if path is not None else default_path()
+        try:
+            self._open()
+        except (OSError, sqlite3.Error) as exc:
+            raise RegistryError(f"registry: cannot open {self.path} ({exc}); point --registry "
+                                f"or {ENV_VAR} at a writable file") from None
+
+    def _open(self) -> None:
+        """Create the file and schema on first use; check WAL mode and the schema version."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as db:
             mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":
-                raise RuntimeError(f"{self.path}: SQLite refused WAL mode ({mode}); put the "
-                                   f"registry on a local filesystem (set {ENV_VAR})")
+                raise RegistryError(f"{self.path}: SQLite refused WAL mode ({mode}); put the "
+                                    f"registry on a local filesystem (set {ENV_VAR})")
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
-                raise RuntimeError(f"{self.path} was written by a newer mbridge-perf (schema "
-                                   f"{version} > {SCHEMA_VERSION}); upgrade mbridge-perf")
+                raise RegistryError(f"{self.path} was written by a newer mbridge-perf (schema "
+                                    f"{version} > {SCHEMA_VERSION}); upgrade mbridge-perf")
             if version < SCHEMA_VERSION:  # write only when needed: readers never queue here
                 db.executescript(_SCHEMA)
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

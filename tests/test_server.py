@@ -333,3 +333,12 @@ def test_readme_estimate_example_is_the_commands_real_output() -> None:
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == expected
+
+
+def test_serve_without_a_skill_pack_is_one_clear_line(tmp_path: Path) -> None:
+    import subprocess
+
+    proc = subprocess.run([tool("mbridge-perf"), "serve"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "MBRIDGE_PERF_PACK": str(tmp_path)})
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: MBRIDGE_PERF_PACK=") and "Traceback" not in proc.stderr

@@ -21,8 +21,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     from mbridge_perf.config.errors import ConfigError
     from mbridge_perf.server import TOKEN_ENV, build_server, http_app, serve_http
+    from mbridge_perf.skillpack.pack import PackError
 
-    server = build_server()
+    try:
+        server = build_server()
+    except PackError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if not args.http:
         server.run()  # stdio: stdout is the wire
         return 0

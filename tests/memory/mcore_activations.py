@@ -246,27 +246,52 @@ def _softmax_kernels() -> dict[str, types.ModuleType]:
 
 
 @contextlib.contextmanager
+def one_rank_gloo(mp: pytest.MonkeyPatch, seed: int = 1234) -> Iterator[None]:
+    """The CUDA shims every CPU run needs and a one-rank gloo group with Megatron-Core's
+    parallel state, torn down on exit. Callers add their own shims to `mp` first."""
+    import torch.distributed as dist
+
+    mp.setattr(torch.cuda, "current_device", lambda: torch.device("cpu"))
+    mp.setattr(torch.cuda, "set_device", lambda *a, **k: None)
+    mp.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    mp.setattr(torch.cuda, "device_count", lambda: 1)
+    mp.setattr(torch.cuda, "manual_seed", lambda s: torch.default_generator.manual_seed(int(s)))
+    mp.setattr(torch.cuda, "manual_seed_all", lambda s: None)
+    mp.setattr(torch.cuda, "get_rng_state", lambda *a, **k: torch.get_rng_state())
+    mp.setattr(torch.cuda, "set_rng_state", lambda s, *a, **k: torch.set_rng_state(s))
+
+    import megatron.core.tensor_parallel.random as tp_random
+    from megatron.core import parallel_state
+
+    mp.setattr(tp_random, "_get_cuda_rng_state", lambda *a, **k: torch.get_rng_state())
+    mp.setattr(tp_random, "_set_cuda_rng_state", lambda s, *a, **k: torch.set_rng_state(s))
+    handle, path = tempfile.mkstemp()
+    os.close(handle)
+    os.unlink(path)
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=1)
+    try:
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+        tp_random.model_parallel_cuda_manual_seed(seed)
+        yield
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+@contextlib.contextmanager
 def megatron_on_cpu(seed: int = 1234) -> Iterator[list[torch.Tensor]]:
     """The CPU shims and a one-rank gloo group with Megatron-Core's parallel state, undone on
     exit. Yields the list collecting the causal masks the unfused softmax builds (a fresh one
     per call in megatron-core 0.16; held so their storages stay recognisable)."""
     import logging
 
-    import torch.distributed as dist
     import torch.nn.functional as F
 
     masks: list[torch.Tensor] = []
     with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        mp.setattr(torch.cuda, "current_device", lambda: torch.device("cpu"))
-        mp.setattr(torch.cuda, "set_device", lambda *a, **k: None)
-        mp.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-        mp.setattr(torch.cuda, "device_count", lambda: 1)
-        mp.setattr(torch.cuda, "manual_seed",
-                   lambda s: torch.default_generator.manual_seed(int(s)))
-        mp.setattr(torch.cuda, "manual_seed_all", lambda s: None)
-        mp.setattr(torch.cuda, "get_rng_state", lambda *a, **k: torch.get_rng_state())
-        mp.setattr(torch.cuda, "set_rng_state", lambda s, *a, **k: torch.set_rng_state(s))
         mp.setattr(F, "dropout", _native_dropout(F.dropout))
         for name, module in _softmax_kernels().items():
             mp.setitem(sys.modules, name, module)
@@ -281,7 +306,6 @@ def megatron_on_cpu(seed: int = 1234) -> Iterator[list[torch.Tensor]]:
         import megatron.core.fusions.fused_softmax as fused_softmax
         import megatron.core.tensor_parallel.random as tp_random
         import megatron.core.transformer.utils as tutils
-        from megatron.core import parallel_state
 
         def causal_mask(sq: int) -> torch.Tensor:  # 0.16.1 builds a fresh one on every call
             mask = torch.triu(torch.ones(sq, sq), diagonal=1).bool()
@@ -292,8 +316,6 @@ def megatron_on_cpu(seed: int = 1234) -> Iterator[list[torch.Tensor]]:
         mp.setattr(fused_softmax, "get_default_causal_mask", causal_mask)
         # CPU and "CUDA" generators are one here, so every fork reports a changed CPU state
         mp.setattr(logging.getLogger(tp_random.__name__), "disabled", True)
-        mp.setattr(tp_random, "_get_cuda_rng_state", lambda *a, **k: torch.get_rng_state())
-        mp.setattr(tp_random, "_set_cuda_rng_state", lambda s, *a, **k: torch.set_rng_state(s))
         if not getattr(tp_random, "HAVE_TE", False):  # CheckpointWithoutOutput asks TE
             mp.setattr(tp_random, "FP8GlobalStateManager", _NoFP8, raising=False)
             mp.setattr(tp_random, "activation_recompute_forward",
@@ -301,19 +323,8 @@ def megatron_on_cpu(seed: int = 1234) -> Iterator[list[torch.Tensor]]:
             mp.setattr(tp_random, "fp8_autocast", lambda *a, **k: contextlib.nullcontext(),
                        raising=False)
 
-        handle, path = tempfile.mkstemp()
-        os.close(handle)
-        os.unlink(path)
-        dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=1)
-        try:
-            parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
-            tp_random.model_parallel_cuda_manual_seed(seed)
+        with one_rank_gloo(mp, seed):
             yield masks
-        finally:
-            parallel_state.destroy_model_parallel()
-            dist.destroy_process_group()
-            with contextlib.suppress(OSError):
-                os.unlink(path)
 
 
 # --- build and measure -----------------------------------------------------------------------

@@ -14,8 +14,6 @@ Attention sinks (`softmax_offset`, one per local head) are split with the heads 
 
 from __future__ import annotations
 
-import os
-import tempfile
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -28,6 +26,7 @@ from helpers import require_megatron
 
 require_megatron()
 import torch  # noqa: E402
+from mcore_activations import one_rank_gloo  # noqa: E402
 
 # name -> model-section fields (small shapes; every case exercises a different piece)
 CASES: dict[str, dict[str, Any]] = {
@@ -95,39 +94,15 @@ TC_FIELDS = (
 @pytest.fixture(scope="module")
 def mcore() -> Iterator[dict[str, Any]]:
     """A one-rank gloo group with the CPU shims of the ground-truth recipe, undone afterwards."""
-    import torch.distributed as dist
+    from megatron.core.transformer import multi_latent_attention
 
     with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        mp.setattr(torch.cuda, "current_device", lambda: torch.device("cpu"))
-        mp.setattr(torch.cuda, "set_device", lambda *a, **k: None)
-        mp.setattr(torch.cuda, "device_count", lambda: 1)
-        mp.setattr(torch.cuda, "manual_seed", lambda s: torch.default_generator.manual_seed(s))
-        mp.setattr(torch.cuda, "manual_seed_all", lambda s: None)
-        mp.setattr(torch.cuda, "get_rng_state", lambda *a, **k: torch.get_rng_state())
-        mp.setattr(torch.cuda, "set_rng_state", lambda s, *a, **k: torch.set_rng_state(s))
-
-        import megatron.core.tensor_parallel.random as tp_random
-        from megatron.core import parallel_state
-        from megatron.core.transformer import multi_latent_attention
-
-        mp.setattr(tp_random, "_get_cuda_rng_state", lambda *a, **k: torch.get_rng_state())
-        mp.setattr(tp_random, "_set_cuda_rng_state", lambda s, *a, **k: torch.set_rng_state(s))
         # Without TE the MLA module's isinstance checks hit a mock; plain classes suffice.
         for name in ("TELinear", "TEColumnParallelLinear", "TELayerNormColumnParallelLinear"):
             mp.setattr(multi_latent_attention, name, type(name, (), {}), raising=False)
-
-        handle, path = tempfile.mkstemp()
-        os.close(handle)
-        os.unlink(path)
-        dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=1)
-        try:
-            parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
-            tp_random.model_parallel_cuda_manual_seed(1234)
+        with one_rank_gloo(mp):
             yield {"torch": torch}
-        finally:
-            parallel_state.destroy_model_parallel()
-            dist.destroy_process_group()
 
 
 class _CoreAttention(torch.nn.Module):

@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from logmaker import line
 
 from mbridge_perf.bench.contract import MeasurementContract, contract_from_config
 from mbridge_perf.bench.logparse import GIB_PER_GB, parse_log
@@ -27,6 +28,7 @@ from mbridge_perf.bench.result import (
 from mbridge_perf.config.load import load_config
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
 WINDOW_MS = [2000.0, 2010.0, 1990.0, 2005.0, 1995.0, 2000.0, 2020.0, 1980.0, 2000.0, 2000.0]
 SHAPE = {"num_gpus": 8, "seq_length": 4096}  # the fixtures: 8 GPUs, GBS 128, seq 4096
 
@@ -35,22 +37,6 @@ def run(name: str, **kw) -> BenchmarkResult:
     return evaluate(parse_log(FIXTURES / name), **{**SHAPE, **kw})
 
 
-def line(i: int, total: int = 60, *, elapsed: float = 2000.0, tflops: float | None = 300.0,
-         losses: dict[str, float] | None = None, grad: str | None = "0.812", skipped: int = 0,
-         nan: int = 0) -> str:
-    """An iteration line in the exact Bridge template (§2)."""
-    s = (f" [2026-08-22 10:15:03] iteration {i:8d}/{total:8d} | consumed samples: "
-         f"{i * 128:12d} | elapsed time per iteration (ms): {elapsed:.1f} |")
-    if tflops is not None:
-        s += f" throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |"
-    s += f" learning rate: {1.234e-5:.6E} | global batch size: {128:5d} |"
-    for k, v in (losses if losses is not None else {"lm loss": 8.1}).items():
-        s += f" {k}: {v:.6E} |"
-    s += " loss scale: 1.0 |"
-    if grad is not None:
-        s += f" grad norm: {grad} |"
-    s += f" number of skipped iterations: {skipped:3d} | number of nan iterations: {nan:3d} |"
-    return s
 
 
 def log(n: int = 60, total: int = 60, *, done: bool = True, tail: tuple[str, ...] = (),

@@ -49,7 +49,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
         target = Path(args.path)
     else:
         try:
-            target = find_pack_root(Path.cwd() / "x")
+            target = find_pack_root(Path.cwd())
         except PackError:
             target = Path.cwd()
     findings = lint(target)

@@ -102,7 +102,8 @@ class Skill:
 
 
 def find_pack_root(start: Path | None = None) -> Path:
-    """Where the pack lives: $MBRIDGE_PERF_PACK, a checkout above the package, or the copy
+    """Where the pack lives: $MBRIDGE_PERF_PACK, a checkout at or above `start` (default: this
+    package), or the copy
     bundled into the wheel at build time."""
     env = os.environ.get(PACK_ENV)
     if env:
@@ -112,7 +113,7 @@ def find_pack_root(start: Path | None = None) -> Path:
                             "mbridge-perf repository root")
         return root
     here = (start or Path(__file__)).resolve()
-    for parent in here.parents:
+    for parent in (here, *here.parents):
         if (parent / "skills").is_dir() and (parent / CARD_FILE).is_file():
             return parent
     bundled = Path(__file__).resolve().parent.parent / "_pack"

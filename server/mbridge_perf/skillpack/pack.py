@@ -103,8 +103,7 @@ class Skill:
 
 def find_pack_root(start: Path | None = None) -> Path:
     """Where the pack lives: $MBRIDGE_PERF_PACK, a checkout at or above `start` (default: this
-    package), or the copy
-    bundled into the wheel at build time."""
+    package), or the copy bundled into the wheel at build time."""
     env = os.environ.get(PACK_ENV)
     if env:
         root = Path(env).expanduser().resolve()

@@ -46,6 +46,33 @@ def attention_backend(m: ModelSection) -> str:
     return bare_name(m.attention_backend)
 
 
+def fused_attention(m: ModelSection) -> bool:
+    """Transformer Engine fused / flash attention keeps no score matrix, so recomputing
+    core_attn frees ≈ 0 there (Megatron-Core warns)."""
+    return m.transformer_impl == "transformer_engine" and \
+        attention_backend(m) in _FUSED_BACKENDS
+
+
+def first_selective_modules(m: ModelSection) -> list[str]:
+    """The selective modules to try first, in the skills' order: the one source of truth
+    for every door that names a first recompute module. core_attn only with unfused attention;
+    otherwise what the architecture stores most cheaply (mla_up_proj, moe_act), else
+    layernorm. mlp is never first: it is the expensive last resort."""
+    first = [] if fused_attention(m) else ["core_attn"]
+    if m.multi_latent_attention:
+        first.append("mla_up_proj")
+    if m.num_moe_experts and m.moe_grouped_gemm:
+        first.append("moe_act")
+    return first or ["layernorm"]
+
+
+def first_selective_hint(m: ModelSection) -> str:
+    """The first-module advice as config text, for fix messages."""
+    mods = first_selective_modules(m)
+    why = "" if "core_attn" in mods else " (core_attn frees ≈ 0 under fused / flash attention)"
+    return f"model.recompute_granularity=selective with {MODULES}=[{', '.join(mods)}]{why}"
+
+
 def carried_section(cfg: TrainingConfig, name: str) -> dict[str, Any]:
     """An unmodelled top-level section (rerun_state_machine, rng, dist, …) or {}."""
     section = cfg.carried().get(name)
@@ -150,9 +177,8 @@ def _full_before_selective(c: TrainingConfig, d: Derived) -> Violation | None:
     return Violation(
         f'recompute_granularity="full"{where}: whole-layer recompute repeats the full forward '
         "of each recomputed layer, the most expensive option",
-        f'try {GRAN}="selective" with {MODULES} [core_attn] or [core_attn, layernorm] first '
-        "(after PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); go to full only if that "
-        "cannot fit")
+        f"try {first_selective_hint(c.model)} first, then add layernorm (after "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); go to full only if that cannot fit")
 
 
 @rule("recompute.method-valid", "error", ref="E2", source="megatron-core", fields=(GRAN, METHOD),
@@ -291,8 +317,9 @@ def _mlp_costly(c: TrainingConfig, d: Derived) -> Violation | None:
         "recompute_modules contains mlp on a dense model: measured on Llama3 70B it saved "
         "≈ 3 GB for ≈ 16 % lower TFLOP/s/GPU (−16.4 %)",
         "first set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and try cheaper labels "
-        "(core_attn, layernorm); keep mlp only if the throughput loss is accepted, and use it "
-        "alone rather than with core_attn")
+        f"({', '.join(dict.fromkeys([*first_selective_modules(c.model), 'layernorm']))}); keep "
+        "mlp only if the throughput loss is accepted, and use it alone rather than with "
+        "core_attn")
 
 
 def _selective_with(m: ModelSection, label: str) -> bool:
@@ -319,7 +346,7 @@ def _mla_up_proj_needs_mla(c: TrainingConfig, d: Derived) -> Violation | None:
     return Violation("recompute_modules contains mla_up_proj on a model with "
                      "multi_latent_attention=False",
                      f"drop mla_up_proj from {MODULES} (it only exists in MLA attention); "
-                     "use core_attn or layernorm instead")
+                     f"use {', '.join(first_selective_modules(c.model))} instead")
 
 
 @rule("recompute.gdn-norm-out-needs-gdn", "error", ref="E10", source="megatron-core",
@@ -343,8 +370,7 @@ def _core_attn_fused(c: TrainingConfig, d: Derived) -> Violation | None:
     m = c.model
     granularity, modules = effective_recompute(m)
     backend = attention_backend(m)
-    if granularity != "selective" or "core_attn" not in modules or \
-            m.transformer_impl != "transformer_engine" or backend not in _FUSED_BACKENDS:
+    if granularity != "selective" or "core_attn" not in modules or not fused_attention(m):
         return None
     implicit = " (the default when recompute_modules is unset)" \
         if m.recompute_modules is None else ""
@@ -352,8 +378,9 @@ def _core_attn_fused(c: TrainingConfig, d: Derived) -> Violation | None:
         f"core_attn recompute{implicit} with attention_backend={backend!r} on Transformer "
         "Engine: fused / flash attention keeps no score matrix, so this saves ≈ 0 "
         "(Moonlight 16B: −0.01 % memory, +3.85 % step time)",
-        f"drop core_attn from {MODULES} (e.g. [layernorm], or [] for none); recompute "
-        'core_attn only with attention_backend="unfused"')
+        f"drop core_attn from {MODULES}; recompute what the architecture stores instead: "
+        f"[{', '.join(first_selective_modules(m))}] (or [] for none); core_attn only with "
+        'attention_backend="unfused"')
 
 
 @rule("recompute.shared-experts-vs-overlap", "error", ref="E12", source="megatron-core",

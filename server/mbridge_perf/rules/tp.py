@@ -193,11 +193,13 @@ def _raised_for_memory(c: TrainingConfig, d: Derived) -> Violation | None:
     if b is None or lowered is None or b.tp >= d.tp:
         return None
     old_dp, new_dp = lowered
+    from mbridge_perf.rules.recompute import first_selective_hint  # keeps registration order
+
     return Violation(
         f"tensor_model_parallel_size raised {b.tp} → {d.tp} with DP {old_dp} → {new_dp}: on "
         "Llama3 70B TP 4 → 8 measured −28.4 % throughput",
-        "revert TP; first set env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and "
-        "model.recompute_granularity=selective (model.recompute_modules=[core_attn])")
+        "revert TP; first set env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, then "
+        + first_selective_hint(c.model))
 
 
 @rule("tp.comm-overlap-needs-sp", "warning", ref="L1", source="megatron-bridge",

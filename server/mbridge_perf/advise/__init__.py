@@ -1,0 +1,1 @@
+"""Advice on the user's config: the recompute / memory ladder and OOM triage (pure)."""

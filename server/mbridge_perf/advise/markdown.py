@@ -1,0 +1,111 @@
+"""``answer_markdown`` for a recommend plan and an OOM diagnosis: the skills' first-answer
+checklists (memory-tuning, activation-recompute) in their order - allocator, the selective
+module for the architecture, layernorm then mlp, full recompute with its fields, the FP8 /
+CUDA-graph warning, offload - then what is not a memory fix."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mbridge_perf.config.model import TrainingConfig
+from mbridge_perf.rules.recompute import full_iteration_graph, graph_impl
+
+if TYPE_CHECKING:
+    from mbridge_perf.advise.oom import OOMDiagnosis
+    from mbridge_perf.advise.recompute import RecomputePlan, RecomputeStep
+
+GRAPH_WARNING = (
+    "**FP8 / CUDA graphs:** full (layer-level) recompute asserts with per-layer CUDA graphs "
+    '("full recompute is only supported with full iteration CUDA graph"); FP8 recipes often '
+    'turn on Transformer Engine graphs (LLAMA3_70B_SFT_CONFIG_H100_FP8_CS_V1: cuda_graph_impl='
+    '"transformer_engine", scope mlp). Valid ways out: selective recompute, '
+    'cuda_graph_impl="none", or cuda_graph_impl="full_iteration" (graph modules empty, '
+    "rerun_state_machine.check_for_nan_in_loss=False).")
+
+NOT_FIXES = (
+    "**Not memory fixes** (memory-tuning skill): do not raise TP for memory - TP 4 -> 8 cost "
+    "-28.4 % on Llama3 70B (NVLink all-reduce volume); do not trade DP for PP - halving DP "
+    "doubles the gradient-accumulation steps (-5.9 %); VPP does not cut memory (VPP 10 used "
+    "more: 60.2 vs 58.8 GB).")
+
+
+def _verdict(plan: RecomputePlan) -> str:
+    b = plan.baseline
+    lo, hi = b.reserved_band_gib
+    head = (f"Estimated peak allocated {b.est_peak_gib:.1f} GiB on the most-loaded stage, "
+            f"+ {b.overheads_gib:.1f} GiB outside the allocator, + {lo:.1f}-{hi:.1f} GiB "
+            f"reserved-but-unallocated band = up to {b.est_need_gib:.1f} GiB of "
+            f"{plan.budget_gib:.1f} GiB ({plan.budget_source}).")
+    why = {"fragmentation": "The peak itself fits; the risk is the allocator's reserved band "
+                            "(fragmentation), so the allocator setting comes first.",
+           "capacity": "The peak itself does not fit: this is a capacity problem.",
+           "fits": "It fits with the band's high end; the rungs below are for more margin."}
+    return f"{head} **Scenario: {plan.scenario}.** {why[plan.scenario]}"
+
+
+def _step(s: RecomputeStep) -> str:
+    mark = "fits" if s.fits else "does not fit yet"
+    cost = s.throughput_cost
+    cost_txt = cost.text + ("" if cost.basis == "none" else f" [{cost.basis}]")
+    return (f"{s.index + 1}. **{s.action}** - {mark}: peak {s.est_peak_gib:.1f} GiB "
+            f"(saves {s.est_saving_gib:.1f} GiB), need {s.est_need_gib:.1f} GiB; cost: "
+            f"{cost_txt}. {s.rationale}\n   Overrides: "
+            + ", ".join(f"`{o}`" for o in s.overrides))
+
+
+def plan_markdown(plan: RecomputePlan, cfg: TrainingConfig) -> str:
+    """The whole answer for a recommend plan."""
+    lines = ["## Memory plan", "", _verdict(plan), ""]
+    if plan.baseline.findings:
+        lines += ["Validator errors in the config as given (fix these too): "
+                  + "; ".join(plan.baseline.findings), ""]
+    lines += ["Apply the steps in order and stop at the first that fits"
+              + (f" (step {plan.first_fitting_step + 1})." if plan.first_fitting_step
+                 is not None else "; none fits here."), ""]
+    allocator_notes = [n for n in plan.notes if "expandable_segments" in n]
+    lines += [f"- {n}" for n in allocator_notes]
+    shown_attn = False
+    for s in plan.steps:
+        if s.rung != "allocator" and not shown_attn:
+            lines += [f"- {n}" for n in plan.notes if "core_attn" in n]
+            shown_attn = True
+        lines.append(_step(s))
+    if not shown_attn:
+        lines += [f"- {n}" for n in plan.notes if "core_attn" in n]
+    m = cfg.model
+    if m.recompute_granularity == "full" or any(s.rung == "full" for s in plan.steps) or (
+            graph_impl(m) != "none" and not full_iteration_graph(m)):
+        lines += ["", GRAPH_WARNING]
+    rest = [n for n in plan.notes if "expandable_segments" not in n and "core_attn" not in n]
+    lines += [""] + [f"- {n}" for n in rest]
+    if plan.skipped:
+        lines += ["", "Not applicable here: " + "; ".join(plan.skipped) + "."]
+    lines += ["", NOT_FIXES]
+    return "\n".join(lines).replace("\n\n\n", "\n\n")
+
+
+def oom_markdown(diag: OOMDiagnosis, notes: list[str]) -> str:
+    """The answer for a diagnosis: verdict, the numbers read, the failure-table row, then the
+    plan's answer when a config was given."""
+    n = diag.numbers
+    lines = ["## OOM diagnosis", "", f"**{diag.classification}**: {diag.reason}."]
+    read = [f"{label} {value:.2f} GiB" for label, value in (
+        ("requested", n.requested_gib), ("allocated", n.allocated_gib),
+        ("reserved", n.reserved_gib), ("reserved but unallocated", n.reserved_unallocated_gib),
+        ("free", n.free_gib), ("capacity", n.total_capacity_gib)) if value is not None]
+    if n.rank is not None:
+        read.append(f"failing rank {n.rank}")
+    if read:
+        lines += ["", f"Read from the message ({diag.message_format}): " + ", ".join(read) + "."]
+    if diag.ranks:
+        lines += ["", "Per-rank memory lines (last per rank, GiB): " + "; ".join(
+            f"rank {r.rank}: max allocated {r.max_allocated_gib}, max reserved "
+            f"{r.max_reserved_gib}" for r in diag.ranks[:16])
+            + (" ..." if len(diag.ranks) > 16 else "")]
+    if diag.failure_mode is not None:
+        f = diag.failure_mode
+        lines += ["", f"Skill {f.skill}, failure `{f.name}` ({f.symptom}) - fix: {f.fix}"]
+    lines += [f"- {x}" for x in notes]
+    if diag.plan is not None:
+        lines += ["", diag.plan.answer_markdown]
+    return "\n".join(lines)

@@ -1,0 +1,247 @@
+"""recommend_recompute: the skills' ladder on real configs - allocator first for the seeds'
+fragmentation case, the selective module the architecture calls for, full recompute with both
+fields, FP8 + TE graphs handled, every step valid, never TP up or a VPP change."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from mbridge_perf.advise.changes import apply_changes
+from mbridge_perf.advise.recompute import RecomputePlan, recommend_recompute
+from mbridge_perf.config.errors import ConfigError
+from mbridge_perf.config.load import load_config
+from mbridge_perf.rules.validate import validate
+
+from helpers import REPO
+
+SEED = REPO / "examples" / "llama3_70b_sft_h100.yaml"
+CLUSTER = ["cluster.num_gpus=8", "cluster.gpu=H100", "train.micro_batch_size=1",
+           "mixed_precision.bf16=true"]
+
+
+def seed(*overrides: str):
+    return load_config(preset="llama3-70b", file=SEED, overrides=overrides)
+
+
+def selective_modules(plan: RecomputePlan) -> list[str]:
+    """Modules the selective steps add, in order (each step appends one)."""
+    return [s.config_changes["model.recompute_modules"][-1] for s in plan.steps
+            if s.rung == "selective"]
+
+
+def step_configs(cfg, plan: RecomputePlan):
+    """Each step's whole config (its changes on top of the step it builds on)."""
+    out = []
+    for s in plan.steps:
+        base = cfg if s.builds_on is None else out[s.builds_on]
+        out.append(apply_changes(base, s.config_changes))
+    return out
+
+
+# --------------------------------------------------------------------------- the seed case
+
+def test_seed_case_gets_the_allocator_fix_first_and_it_fits() -> None:
+    plan = recommend_recompute(seed())
+    assert plan.scenario == "fragmentation"
+    first = plan.steps[0]
+    assert first.rung == "allocator"
+    assert first.config_changes == {"env.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert first.throughput_cost.pct == 0.0 and first.fits
+    assert plan.first_fitting_step == 0
+
+
+def test_seed_case_never_raises_tp_or_changes_vpp() -> None:
+    plan = recommend_recompute(seed(), target_gib=40)  # nothing fits: the whole ladder runs
+    for s in plan.steps:
+        keys = set(s.config_changes)
+        assert not keys & {"model.tensor_model_parallel_size",
+                           "model.virtual_pipeline_model_parallel_size",
+                           "model.pipeline_model_parallel_size"}, s
+    assert "tensor_model_parallel_size=8" not in plan.answer_markdown
+
+
+def test_seed_case_says_core_attn_frees_about_nothing_under_fused_attention() -> None:
+    plan = recommend_recompute(seed())
+    assert any("core_attn" in n and "≈ 0" in n for n in plan.notes)
+    assert "core_attn" not in selective_modules(plan)
+
+
+def test_seed_mlp_step_quotes_the_measured_16_percent_with_its_source() -> None:
+    plan = recommend_recompute(seed())
+    mlp = next(s for s in plan.steps if s.rung == "selective"
+               and "mlp" in s.config_changes["model.recompute_modules"])
+    assert mlp.throughput_cost.basis == "measured" and mlp.throughput_cost.pct == 16.4
+    assert "activation-recompute" in mlp.throughput_cost.source
+    # layernorm (near-free) comes before mlp (the last selective resort)
+    assert selective_modules(plan).index("layernorm") < selective_modules(plan).index("mlp")
+
+
+def _first(text: str, needles: list[str]) -> int:
+    low = text.lower()
+    hits = [low.find(n.lower()) for n in needles]
+    hits = [h for h in hits if h >= 0]
+    return min(hits) if hits else -1
+
+
+@pytest.mark.parametrize("skill", ["nemo-mbridge-perf-memory-tuning",
+                                   "nemo-mbridge-perf-activation-recompute"])
+def test_seed_answer_follows_the_skill_checklist_in_order(skill: str) -> None:
+    card = yaml.safe_load((REPO / "skills" / skill / "card.yaml").read_text())
+    text = recommend_recompute(seed()).answer_markdown
+    last = -1
+    for item in card["answer_checklist"]:
+        pos = _first(text, item["match"])
+        assert pos >= 0, f"{item['id']} not said"
+        if item["kind"] == "recommend":
+            assert pos > last, f"{item['id']} out of order"
+            last = pos
+
+
+def test_every_seed_step_config_passes_validate() -> None:
+    cfg = seed()
+    plan = recommend_recompute(cfg, target_gib=40)
+    for s, c in zip(plan.steps, step_configs(cfg, plan), strict=True):
+        assert validate(c).ok, (s.action, [f.rule_id for f in validate(c).findings
+                                           if f.severity == "error"])
+
+
+def test_full_recompute_steps_carry_method_and_num_layers() -> None:
+    plan = recommend_recompute(seed(), target_gib=40)
+    full = [s for s in plan.steps if s.rung == "full"]
+    assert full
+    for s in full:
+        assert s.config_changes["model.recompute_granularity"] == "full"
+        assert s.config_changes["model.recompute_method"] in ("uniform", "block")
+        assert s.config_changes["model.recompute_num_layers"] >= 1
+        assert "uniform" in s.rationale or "block" in s.rationale
+
+
+def test_nothing_fits_names_a_parallelism_change_not_tp() -> None:
+    plan = recommend_recompute(seed(), target_gib=10)
+    assert plan.first_fitting_step is None and plan.scenario == "capacity"
+    note = next(n for n in plan.notes if "Nothing on this ladder fits" in n)
+    assert "pipeline stages" in note and "not a TP increase" in note
+
+
+# --------------------------------------------------------------------------- architectures
+
+def test_fp8_with_te_scoped_graphs_never_gets_full_recompute_without_a_valid_graph_setting(
+        ) -> None:
+    cfg = seed("model.cuda_graph_impl=transformer_engine", "model.cuda_graph_modules=[mlp]",
+               "env.NCCL_GRAPH_REGISTER=0")
+    plan = recommend_recompute(cfg, target_gib=40)
+    full = [s for s in plan.steps if s.rung == "full"]
+    assert full and all(s.config_changes.get("model.cuda_graph_impl") == "none" for s in full)
+    for s, c in zip(plan.steps, step_configs(cfg, plan), strict=True):
+        assert not [f for f in validate(c).findings if f.severity == "error"
+                    and f.rule_id.startswith("recompute.full")], s.action
+    assert "full_iteration" in plan.answer_markdown
+
+
+def test_grouped_gemm_moe_gets_moe_act_first() -> None:
+    cfg = load_config(preset="qwen3-30b-a3b", overrides=[
+        *CLUSTER,
+        "model.moe_grouped_gemm=true",
+        "model.expert_model_parallel_size=8",
+        "model.seq_length=4096",
+        "train.global_batch_size=64"])
+    plan = recommend_recompute(cfg, target_gib=30)
+    assert selective_modules(plan)[0] == "moe_act"
+
+
+def test_mla_gets_mla_up_proj_first() -> None:
+    cfg = load_config(preset="moonlight-16b-a3b", overrides=[
+        *CLUSTER,
+        "model.moe_grouped_gemm=false",
+        "model.expert_model_parallel_size=8",
+        "model.tensor_model_parallel_size=1",
+        "model.seq_length=4096",
+        "train.global_batch_size=64"])
+    plan = recommend_recompute(cfg, target_gib=20)
+    assert selective_modules(plan)[0] == "mla_up_proj"
+
+
+def test_mla_with_grouped_gemm_moe_starts_with_one_of_the_two() -> None:
+    cfg = load_config(preset="moonlight-16b-a3b", overrides=[
+        *CLUSTER,
+        "model.moe_grouped_gemm=true",
+        "model.expert_model_parallel_size=8",
+        "model.tensor_model_parallel_size=1",
+        "model.seq_length=4096",
+        "train.global_batch_size=64"])
+    plan = recommend_recompute(cfg, target_gib=20)
+    assert selective_modules(plan)[0] in ("mla_up_proj", "moe_act")
+    assert {"mla_up_proj", "moe_act"} <= set(selective_modules(plan))
+
+
+def test_unfused_attention_gets_core_attn_first() -> None:
+    cfg = load_config(preset="llama3-8b", overrides=[
+        *CLUSTER,
+        "model.attention_backend=unfused",
+        "model.seq_length=8192",
+        "train.global_batch_size=8",
+        "mixed_precision.bf16=true"])
+    plan = recommend_recompute(cfg, target_gib=40)
+    assert selective_modules(plan)[0] == "core_attn"
+
+
+def test_fused_dense_is_told_core_attn_saves_about_nothing() -> None:
+    cfg = load_config(preset="llama3-8b", overrides=[
+        *CLUSTER,
+        "model.seq_length=8192",
+        "train.global_batch_size=8",
+        "mixed_precision.bf16=true"])
+    plan = recommend_recompute(cfg, target_gib=40)
+    assert any("core_attn recompute frees ≈ 0" in n for n in plan.notes)
+    assert "core_attn" not in selective_modules(plan)
+
+
+def test_pp1_offers_activation_offload_as_an_alternative_without_recompute() -> None:
+    cfg = load_config(preset="llama3-8b", overrides=[
+        *CLUSTER,
+        "model.seq_length=8192",
+        "train.global_batch_size=8",
+        "mixed_precision.bf16=true",
+        "optimizer.use_distributed_optimizer=true",
+        "ddp.use_distributed_optimizer=true"])
+    plan = recommend_recompute(cfg, target_gib=20)
+    off = [s for s in plan.steps if s.rung == "activation_offload"]
+    assert off and off[0].config_changes["model.recompute_granularity"] is None
+    assert any(s.rung == "optimizer_offload" for s in plan.steps)
+    for s, c in zip(plan.steps, step_configs(cfg, plan), strict=True):
+        assert validate(c).ok, s.action
+
+
+def test_allocator_with_graphs_also_sets_nccl_graph_register() -> None:
+    plan = recommend_recompute(seed("model.cuda_graph_impl=transformer_engine",
+                                    "model.cuda_graph_modules=[mlp]"))
+    assert plan.steps[0].config_changes["env.NCCL_GRAPH_REGISTER"] == "0"
+
+
+def test_no_allocator_step_with_nccl_user_buffers() -> None:
+    plan = recommend_recompute(seed("ddp.nccl_ub=true"))
+    assert all(s.rung != "allocator" for s in plan.steps)
+    assert any("nccl_ub" in s for s in plan.skipped)
+
+
+# --------------------------------------------------------------------------- input
+
+def test_no_budget_is_one_error_naming_target_gib() -> None:
+    cfg = load_config(preset="llama3-8b", overrides=["model.seq_length=4096"])
+    with pytest.raises(ConfigError, match="target_gib"):
+        recommend_recompute(cfg)
+    with pytest.raises(ConfigError, match="target_gib"):
+        recommend_recompute(seed(), target_gib=-3)
+
+
+def test_overrides_are_pasteable() -> None:
+    plan = recommend_recompute(seed(), target_gib=40)
+    cfg = seed()
+    for s in plan.steps:
+        if s.builds_on is None:
+            again = load_config(preset="llama3-70b", file=SEED, overrides=s.overrides)
+            assert again == apply_changes(cfg, s.config_changes) or all(
+                re.match(r"^[a-z_]+\.[\w.]+=", o) for o in s.overrides)

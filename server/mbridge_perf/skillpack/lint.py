@@ -53,6 +53,10 @@ _HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 _NUMBERED = re.compile(r"^\s{0,3}(\d+)[.)]\s+")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _NORMALISE = re.compile(r"[\s_\-`'\"*]+")
+# a Markdown link's target: [text](target) or [text](<target> "title")
+_LINK = re.compile(r"\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:|#|/)", re.IGNORECASE)
+REFERENCES_DIR = "references"
 
 
 @dataclass(frozen=True)
@@ -190,14 +194,72 @@ def _lint_skill(skill: Skill, rule_ids: set[str] | None) -> Iterator[Finding]:
             yield from _lint_frontmatter(skill_md, fm_text, fm, skill.folder_name)
     yield from _lint_body(skill_md, body)
 
+    yield from _lint_links(skill, body)
     card = yield from _load_checked(skill, CARD_FILE, "skill_card")
     cases = yield from _load_checked(skill, EVALS_FILE, "evals")
     if card is not None:
         yield from _lint_checklist(skill_md, body, card)
-        yield from _lint_numbers(skill_md, body, card)
+        yield from _lint_numbers(skill_md, readable_text(skill), card)
         yield from _lint_rule_ids(str(skill.path / CARD_FILE), card, rule_ids)
     if cases is not None:
         yield from _lint_cases(str(skill.path / EVALS_FILE), cases, skill.folder_name, card)
+
+
+def _link_targets(body: str) -> list[str]:
+    """Relative link targets in the body (outside code fences), anchors stripped, in order."""
+    targets: list[str] = []
+    in_fence = False
+    for line in body.splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            in_fence = not in_fence
+            continue
+        if not in_fence:
+            targets += [t.split("#", 1)[0] for t in _LINK.findall(line)
+                        if not _EXTERNAL.match(t) and t.split("#", 1)[0]]
+    return targets
+
+
+def linked_references(skill: Skill) -> list[Path]:
+    """The Markdown files in the skill folder that SKILL.md links to, in link order — what an
+    agent reads on demand beside the body (progressive disclosure)."""
+    folder = skill.path.resolve()
+    out: list[Path] = []
+    for target in _link_targets(skill.body):
+        path = (skill.path / target).resolve()
+        if (path.suffix == ".md" and path.is_file() and path.is_relative_to(folder)
+                and path != folder / SKILL_FILE and path not in out):
+            out.append(path)
+    return out
+
+
+def readable_text(skill: Skill) -> str:
+    """SKILL.md's body plus every reference it links: where a fact must be findable."""
+    return "\n\n".join([skill.body, *(p.read_text(encoding="utf-8")
+                                      for p in linked_references(skill))])
+
+
+def _lint_links(skill: Skill, body: str) -> Iterator[Finding]:
+    """Links must resolve inside the skill folder (`npx skills add` copies only that folder), and
+    every file under references/ must be linked, or no agent ever reads it."""
+    skill_md = str(skill.path / SKILL_FILE)
+    folder = skill.path.resolve()
+    for target in dict.fromkeys(_link_targets(body)):
+        path = (skill.path / target).resolve()
+        if not path.is_relative_to(folder):
+            yield Finding(skill_md, f"link {target!r} leaves the skill folder; installers copy "
+                                    "only the folder, so keep linked files inside it")
+        elif not path.exists():
+            yield Finding(skill_md, f"link {target!r}: no such file in the skill folder")
+        elif (path.is_relative_to(folder / REFERENCES_DIR)
+              and path.parent != folder / REFERENCES_DIR):
+            yield Finding(skill_md, f"link {target!r}: keep references one level deep "
+                                    f"({REFERENCES_DIR}/<file>.md)", "warning")
+    linked = set(linked_references(skill))
+    refs = skill.path / REFERENCES_DIR
+    for path in sorted(refs.rglob("*.md")) if refs.is_dir() else []:
+        if path.resolve() not in linked:
+            yield Finding(str(path), "not linked from SKILL.md; link it where the body needs "
+                                     "the detail, or delete it")
 
 
 def _load_checked(skill: Skill, rel: str, schema: SchemaName):
@@ -390,15 +452,16 @@ def numbers_in_text(text: str) -> set[Decimal]:
     return {d for d in (_decimal(m) for m in _NUMBER.findall(text)) if d is not None}
 
 
-def _lint_numbers(path: str, body: str, card: dict[str, Any]) -> Iterator[Finding]:
-    present = numbers_in_text(body)
+def _lint_numbers(path: str, text: str, card: dict[str, Any]) -> Iterator[Finding]:
+    present = numbers_in_text(text)
     for table in card["measured_results"]:
         missing = sorted({repr(v) for v in numeric_leaves([table.get("setup", {}),
                                                            table["rows"]])
                           if _decimal(repr(v)) not in present})
         if missing:
             yield Finding(path, f"measured_results {table['id']!r}: {', '.join(missing)} not "
-                                "found in SKILL.md; every measured number must appear there")
+                                "found in SKILL.md or the references it links; every measured "
+                                "number must appear there")
 
 
 def _lint_rule_ids(path: str, card: dict[str, Any], rule_ids: set[str] | None

@@ -127,7 +127,7 @@ BAD_CONFIGS = [
     ({"bridge_config": "model:\n  num_layers: 8\n    hidden: 2\n"}, "config",
      "not valid YAML"),
     ({"bridge_config": {"model": {"num_layers": "eight"}}}, "model.num_layers", "whole number"),
-    ({"bridge_config": {"model": {"num_layers": 0}}}, "model.num_layers", "must be ≥ 1"),
+    ({"bridge_config": {"model": {"num_layers": -1}}}, "model.num_layers", "must be ≥ 0"),
     ({"bridge_config": {"model": {"num_layers": 10**9}}}, "model.num_layers", "beyond any"),
     ({"preset": "llama-70b"}, "preset", "llama3-70b"),
     ({"overrides": ["tp=8"]}, "tp=8", "section.field=value"),

@@ -105,7 +105,7 @@ BAD_INPUTS: list[tuple[dict[str, object], str, str]] = [
      "use train.micro_batch_size"),
     ({"data": {"modle": {"num_layers": 4}}}, "modle", "did you mean 'model'"),
     ({"data": {"model": {"num_layers": "four"}}}, "model.num_layers", "whole number"),
-    ({"data": {"model": {"num_layers": 0}}}, "model.num_layers", "must be ≥ 1"),
+    ({"data": {"model": {"num_layers": -1}}}, "model.num_layers", "must be ≥ 0"),
     ({"data": {"model": {"tensor_model_parallel_size": -2}}},
      "model.tensor_model_parallel_size", "must be ≥ 1"),
     ({"data": {"model": {"num_layers": 10**9}}}, "model.num_layers", "beyond any real"),

@@ -127,6 +127,8 @@ CASES: list[tuple[Any, ...]] = [
     ("pipeline.pp-raised-for-memory", "warning", big(pipeline_model_parallel_size=8),
      "4 → 8", big(64, pipeline_model_parallel_size=8), big(), big()),
     # C, L1: tensor / sequence parallel
+    ("model.sizes-set", "error", cfg({"num_layers": 0, "hidden_size": 0}),
+     "num_layers=0, hidden_size=0", cfg()),
     ("tp.sp-needs-tp", "error", cfg({"sequence_parallel": True}), "tensor_model_parallel_size=1",
      cfg({"sequence_parallel": True, "tensor_model_parallel_size": 2})),
     ("tp.heads-divisible", "error", cfg({"tensor_model_parallel_size": 3}),

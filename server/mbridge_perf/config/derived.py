@@ -8,9 +8,10 @@ size that does not divide): the rules report why, these functions only compute.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 
+from mbridge_perf.config.mcore import McoreFacts, mcore_facts
 from mbridge_perf.config.model import ModelSection, TrainingConfig
 
 # Megatron Bridge MixedPrecisionConfig: its defaults, and what each named recipe
@@ -245,6 +246,8 @@ class Derived:
     def ep(self) -> int:
         return self.cfg.model.expert_model_parallel_size
 
+    # the Megatron-Core release whose checks apply (Bridge 0.6.2 ships 0.19.2)
+    mcore: McoreFacts = field(default_factory=mcore_facts)
     @property
     def etp(self) -> int:
         """ETP defaults to TP when unset (Megatron-Core)."""
@@ -293,7 +296,7 @@ class Derived:
     @cached_property
     def before(self) -> Derived | None:
         """The baseline's derived values, for rules about the change."""
-        return None if self.baseline is None else Derived(self.baseline)
+        return None if self.baseline is None else Derived(self.baseline, mcore=self.mcore)
 
     def dp_lowered(self) -> tuple[int, int] | None:
         """(DP before, DP after) when the change lowered data parallelism; the world size is
@@ -324,6 +327,15 @@ class Derived:
     @cached_property
     def precision(self) -> Precision:
         return resolve_precision(self.cfg)
+    @property
+    def world_from_dump(self) -> bool:
+        """The world size is the one a Bridge dump implies (comm_overlap.data_parallel_size
+        x TP·PP·CP, what set_data_parallel_size() saw when the dump was written), not
+        necessarily the one the job will launch on."""
+        dp = self.cfg.overlap.carried().get("data_parallel_size")
+        return self.world_size is not None and isinstance(dp, int) and \
+            dp * self.model_parallel_size == self.world_size
+
 
     def as_dict(self) -> dict[str, object]:
         """The values a report shows the user."""
@@ -345,5 +357,6 @@ class Derived:
         }
 
 
-def derive(cfg: TrainingConfig, baseline: TrainingConfig | None = None) -> Derived:
-    return Derived(cfg, baseline)
+def derive(cfg: TrainingConfig, baseline: TrainingConfig | None = None,
+           mcore_version: str | None = None) -> Derived:
+    return Derived(cfg, baseline, mcore_facts(mcore_version))

@@ -218,7 +218,9 @@ def _type_problem(err: dict[str, Any]) -> str:
 
 def build(data: Mapping[str, Any]) -> TrainingConfig:
     """Turn a merged mapping into a TrainingConfig, or raise one ConfigError."""
-    clean = _strip_markers(dict(data))
+    from mbridge_perf.config.bridge import normalise
+
+    clean = normalise(data)  # Bridge's YAML dialect (markers, dtypes, enums, nulls) read
     _check_names(clean)
     bridge_env = clean.pop("env_vars", None)
     if isinstance(bridge_env, dict):  # Bridge's own name for the job environment

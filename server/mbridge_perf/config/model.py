@@ -47,10 +47,12 @@ class ModelSection(Section):
     """`model`: GPTModelProvider / TransformerConfig / ModelParallelConfig fields."""
 
     # architecture
-    num_layers: int | None = _size(MAX_LAYERS, "transformer layers")
-    hidden_size: int | None = _size(MAX_WIDTH, "model width h")
+    # 0 loads (Bridge's vanilla_gpt recipe leaves its sizes at 0); a rule reports it as an error
+    num_layers: int | None = Field(None, ge=0, le=MAX_LAYERS, description="transformer layers")
+    hidden_size: int | None = Field(None, ge=0, le=MAX_WIDTH, description="model width h")
     ffn_hidden_size: int | None = _size(MAX_WIDTH, "dense MLP width")
-    num_attention_heads: int | None = _size(MAX_HEADS, "attention heads a")
+    num_attention_heads: int | None = Field(None, ge=0, le=MAX_HEADS,
+                                            description="attention heads a")
     num_query_groups: int | None = _size(MAX_HEADS, "KV heads (GQA groups); None = MHA")
     kv_channels: int | None = _size(MAX_WIDTH, "head dim; None = hidden/heads")
     vocab_size: int | None = _size(MAX_VOCAB, "tokenizer vocabulary before padding")
@@ -82,7 +84,7 @@ class ModelSection(Section):
     moe_token_dispatcher_type: DispatcherType = "allgather"
     moe_flex_dispatcher_backend: Literal["deepep", "hybridep", "ncclep"] | None = "deepep"
     moe_shared_expert_overlap: bool = False
-    moe_router_dtype: Literal["fp32", "fp64"] | None = None
+    moe_router_dtype: str | None = None  # MCore casts for fp32 / fp64 only; others are ignored
     moe_expert_capacity_factor: float | None = None
     moe_pad_expert_input_to_capacity: bool = False
     moe_router_load_balancing_type: str | list[str] = "aux_loss"
@@ -136,7 +138,7 @@ class ModelSection(Section):
     # CUDA graphs
     cuda_graph_impl: str = "none"
     cuda_graph_scope: str | list[str] | None = None
-    cuda_graph_modules: list[str] | None = None
+    cuda_graph_modules: str | list[str] | None = None  # "full" / "attn,mlp" read as MCore does
     cuda_graph_warmup_steps: int = Field(3, ge=0, le=1_000_000)
     use_te_rng_tracker: bool = False
     enable_cuda_graph: bool = False

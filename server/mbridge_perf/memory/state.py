@@ -111,6 +111,10 @@ class Shape:
 
 def model_shape(m: ModelSection) -> Shape:
     """Parameter buckets per layer kind, cached by the model's shape."""
+    for name in ("num_layers", "hidden_size", "num_attention_heads"):
+        if getattr(m, name) == 0:  # a recipe template (Bridge's vanilla_gpt) leaves them 0
+            raise ConfigError(f"model.{name}", "is 0: there is no model to size; set the "
+                                               "architecture (or start from a preset)")
     return _shape(shape_key(m), m)
 
 

@@ -34,6 +34,9 @@ class Violation:
     message: str
     fix: str
     fields: tuple[str, ...] | None = None  # defaults to the rule's fields
+    # softer than the rule's own severity when this instance is not certain to fail (e.g. the
+    # world size is only the one a dump implies); never harsher
+    severity: Severity | None = None
 
 
 Check = Callable[[TrainingConfig, Derived], "Violation | None"]

@@ -86,13 +86,17 @@ def _full_iteration_nan_check(c: TrainingConfig, d: Derived) -> Violation | None
       skill=RECOMPUTE, mcore_enforced=True,
       summary="cuda_graph_impl must be none, local, transformer_engine or full_iteration")
 def _impl_valid(c: TrainingConfig, d: Derived) -> Violation | None:
-    # 0.16.1 knows only none / local / transformer_engine; the pin adds full_iteration.
+    # The release's own Literal (0.16.1: none / local / transformer_engine; 0.19.2 adds
+    # full_iteration).
     impl = graph_impl(c.model)
-    if impl in GRAPH_IMPLS:
+    impls = d.mcore.choices.get("cuda_graph_impl", list(GRAPH_IMPLS))
+    if impl in impls:
         return None
-    return Violation(f"cuda_graph_impl={impl!r} is not a CUDA graph implementation",
-                     f'set {IMPL} to "transformer_engine" (per-layer graphs), '
-                     '"full_iteration" (whole step) or "none"')
+    whole = ('"full_iteration" (whole step)' if "full_iteration" in impls else
+             '"local" with cuda_graph_scope="full_iteration" (whole step)')
+    return Violation(f"cuda_graph_impl={impl!r} is not a CUDA graph implementation of "
+                     f"Megatron-Core {d.mcore.version}",
+                     f'set {IMPL} to "transformer_engine" (per-layer graphs), {whole} or "none"')
 
 
 @rule("cudagraph.full-iteration-no-modules", "error", ref="G6", source="megatron-core",
@@ -129,12 +133,21 @@ def _deprecated_flags_mixed(c: TrainingConfig, d: Derived) -> Violation | None:
       fields=(SCOPE, MODS), skill=RECOMPUTE,
       summary="cuda_graph_scope and cuda_graph_modules cannot both be set")
 def _scope_and_modules(c: TrainingConfig, d: Derived) -> Violation | None:
+    # 0.19.2 migrates a scope (even []) onto modules still at "full" / None / [] (what Bridge
+    # dumps); 0.16.1 has no cuda_graph_modules, so a module choice there has nowhere to go.
     m = c.model
-    if not m.cuda_graph_scope or not m.cuda_graph_modules:
+    unset_modules = m.cuda_graph_modules in ("full", None, [])
+    if not d.mcore.has_cuda_graph_modules_field:
+        if unset_modules:
+            return None
+        return Violation(f"cuda_graph_modules={m.cuda_graph_modules!r}: Megatron-Core "
+                         f"{d.mcore.version} has no such field",
+                         f"give the modules as {SCOPE} (this release's field) and drop {MODS}")
+    if m.cuda_graph_scope is None or unset_modules:
         return None
     return Violation(f"cuda_graph_scope={m.cuda_graph_scope!r} and cuda_graph_modules="
                      f"{m.cuda_graph_modules!r} are both set",
-                     f"drop {SCOPE} (deprecated) and keep {MODS}")
+                     f"drop {SCOPE} (deprecated; null it) and keep {MODS}")
 
 
 @rule("cudagraph.deprecated-fields", "info", ref="G7", source="megatron-core",
@@ -147,17 +160,31 @@ def _deprecated_fields(c: TrainingConfig, d: Derived) -> Violation | None:
         moves.append('enable_cuda_graph=True → cuda_graph_impl="local"')
     if m.external_cuda_graph:
         moves.append('external_cuda_graph=True → cuda_graph_impl="transformer_engine"')
-    names = raw_graph_names(m) if m.cuda_graph_scope else []
-    if "full_iteration" in names:
-        moves.append(f'cuda_graph_scope={m.cuda_graph_scope!r} → cuda_graph_impl='
-                     '"full_iteration", cuda_graph_modules=[]')
-    elif m.cuda_graph_scope:
-        mods = [n for n in names if n != "full"]
-        moves.append(f"cuda_graph_scope={m.cuda_graph_scope!r} → cuda_graph_modules={mods}")
+    if d.mcore.has_cuda_graph_modules_field:  # before 0.19 the scope is the field itself
+        moves += _old_graph_spellings(m)
     if not moves:
         return None
-    return Violation(f"deprecated CUDA graph fields: {'; '.join(moves)}",
-                     f"rewrite as shown ({IMPL} + {MODS}, the pinned Megatron-Core API)")
+    return Violation(f"deprecated CUDA graph fields at Megatron-Core {d.mcore.version}: "
+                     f"{'; '.join(moves)}",
+                     f"rewrite as shown ({IMPL} + {MODS}; Megatron-Core migrates them with a "
+                     "deprecation warning)")
+
+
+def _old_graph_spellings(m: ModelSection) -> list[str]:
+    """What 0.19's __post_init__ migrates: a non-empty cuda_graph_scope, and the
+    "full_iteration" module name (→ cuda_graph_impl="full_iteration")."""
+    scope = m.cuda_graph_scope
+    if scope:
+        names = raw_graph_names(m)
+        if "full_iteration" in names:
+            return [f'cuda_graph_scope={scope!r} → cuda_graph_impl="full_iteration", '
+                    "cuda_graph_modules=[]"]
+        return [f"cuda_graph_scope={scope!r} → cuda_graph_modules="
+                f"{[n for n in names if n != 'full']}"]
+    if "full_iteration" in raw_graph_names(m):
+        return ['cuda_graph_modules="full_iteration" → cuda_graph_impl="full_iteration", '
+                "cuda_graph_modules=[]"]
+    return []
 
 
 @rule("cudagraph.unknown-module", "error", ref="G7", source="megatron-core",
@@ -167,11 +194,13 @@ def _deprecated_fields(c: TrainingConfig, d: Derived) -> Violation | None:
 def _unknown_module(c: TrainingConfig, d: Derived) -> Violation | None:
     # Megatron-Core fails with a bare KeyError from its scope enum lookup; with graphs off
     # Bridge clears the modules first (G4), which graph_modules() mirrors.
-    bad = [n for n in graph_modules(c.model) if n not in GRAPH_MODULE_NAMES]
+    known = d.mcore.cuda_graph_modules or GRAPH_MODULE_NAMES
+    bad = [n for n in graph_modules(c.model) if n not in known
+           and n not in d.mcore.cuda_graph_deprecated_modules]
     if not bad:
         return None
     return Violation(f"unknown CUDA graph modules: {', '.join(map(repr, bad))}",
-                     f"use only {', '.join(GRAPH_MODULE_NAMES)} in {MODS} ([] graphs the "
+                     f"use only {', '.join(known)} in {MODS} ([] graphs the "
                      f'whole layer; whole-step capture is {IMPL}="full_iteration")')
 
 

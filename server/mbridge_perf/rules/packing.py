@@ -41,6 +41,13 @@ def _offline(ds: dict[str, Any]) -> bool:
         isinstance(size, int) and not isinstance(size, bool) and size > 0)
 
 
+def _pad_to_max_length(ds: dict[str, Any]) -> bool:
+    """Bridge reads it from the dataset config or its ``dataset_kwargs`` (SFT recipes)."""
+    kwargs = ds.get("dataset_kwargs")
+    return ds.get("pad_to_max_length") is True or (
+        isinstance(kwargs, dict) and kwargs.get("pad_to_max_length") is True)
+
+
 def _in_batch(ds: dict[str, Any]) -> bool:
     return ds.get("enable_in_batch_packing") is True
 
@@ -76,7 +83,7 @@ def _offline_needs_specs(c: TrainingConfig, d: Derived) -> Violation | None:
       skill=LONG_CONTEXT, summary="pad_cu_seqlens=True needs dataset pad_to_max_length=True")
 def _pad_cu_seqlens_needs_pad(c: TrainingConfig, d: Derived) -> Violation | None:
     ds = _dataset(c)
-    if _specs(ds).get("pad_cu_seqlens") is not True or ds.get("pad_to_max_length") is True:
+    if _specs(ds).get("pad_cu_seqlens") is not True or _pad_to_max_length(ds):
         return None
     return Violation("pad_cu_seqlens=True with pad_to_max_length unset/false",
                      "set dataset.pad_to_max_length = true")

@@ -279,32 +279,36 @@ def _distribute_saved_vs_sp(c: TrainingConfig, d: Derived) -> Violation | None:
                      "already splits the saved activations over TP)")
 
 
-def _suggest(label: str) -> str | None:
+def _suggest(label: str, labels: list[str]) -> str | None:
     hint = _LABEL_HINTS.get(label.lower())
-    if hint:
+    if hint in labels:
         return hint
-    close = difflib.get_close_matches(label.lower(), RECOMPUTE_LABELS, n=1, cutoff=0.5)
+    close = difflib.get_close_matches(label.lower(), labels, n=1, cutoff=0.5)
     return close[0] if close else None
 
 
 @rule("recompute.unknown-module", "error", ref="E7", source="megatron-core", fields=(MODULES,),
       skill=RECOMPUTE, mcore_enforced=True,
-      summary="recompute_modules labels must be valid at the pin")
+      summary="recompute_modules labels must be valid at the Megatron-Core release")
 def _unknown_module(c: TrainingConfig, d: Derived) -> Violation | None:
     # Checked only for selective granularity, as Megatron-Core does. 0.16.1 also rejects
     # gdn_norm_out, which the pin accepts.
+    # The labels are the release's own (d.mcore, read from its wheel).
     m = c.model
     if m.recompute_granularity != "selective":
         return None
-    bad = [x for x in dict.fromkeys(recompute_modules(m)) if x not in RECOMPUTE_LABELS]
+    labels = [x for x in RECOMPUTE_LABELS if x in d.mcore.recompute_modules] + [
+        x for x in d.mcore.recompute_modules if x not in RECOMPUTE_LABELS]
+    bad = [x for x in dict.fromkeys(recompute_modules(m)) if x not in labels]
     if not bad:
         return None
     parts = []
     for x in bad:
-        hint = _suggest(x)
+        hint = _suggest(x, labels)
         parts.append(f"{x!r} (did you mean {hint!r}?)" if hint else repr(x))
-    return Violation(f"recompute_modules has unknown labels: {', '.join(parts)}",
-                     f"use only {', '.join(RECOMPUTE_LABELS)} in {MODULES}")
+    return Violation(f"recompute_modules has unknown labels at Megatron-Core "
+                     f"{d.mcore.version}: {', '.join(parts)}",
+                     f"use only {', '.join(labels)} in {MODULES}")
 
 
 @rule("recompute.mlp-costly", "info", ref="E7", source="skill", fields=(MODULES,),

@@ -54,6 +54,22 @@ def _nvlink_domain(c: TrainingConfig) -> tuple[int, str] | None:
     return None
 
 
+@rule("model.sizes-set", "error", ref="C2", source="megatron-core",
+      fields=("model.num_layers", "model.hidden_size", HEADS), skill=None,
+      summary="num_layers, hidden_size and num_attention_heads must be positive")
+def _sizes_set(c: TrainingConfig, d: Derived) -> Violation | None:
+    # A recipe template (Bridge's vanilla_gpt) dumps them as 0; Megatron-Core's
+    # TransformerConfig then divides by zero (kv_channels = hidden_size // heads).
+    m = c.model
+    zero = [f"{n}=0" for n in ("num_layers", "hidden_size", "num_attention_heads")
+            if getattr(m, n) == 0]
+    if not zero:
+        return None
+    return Violation(f"{', '.join(zero)}: the recipe leaves the architecture unset",
+                     "set model.num_layers, model.hidden_size and model.num_attention_heads "
+                     "(or start from a preset)")
+
+
 @rule("tp.sp-needs-tp", "error", ref="C1", source="megatron-core", fields=(SP, TP),
       skill=MEM, mcore_enforced=True,
       summary="sequence_parallel needs tensor_model_parallel_size > 1")

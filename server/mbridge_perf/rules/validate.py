@@ -44,16 +44,19 @@ def not_used_fields(cfg: TrainingConfig) -> list[str]:
     return sorted(out)
 
 
-def validate(cfg: TrainingConfig, baseline: TrainingConfig | None = None) -> ValidationReport:
+def validate(cfg: TrainingConfig, baseline: TrainingConfig | None = None,
+             mcore_version: str | None = None) -> ValidationReport:
     """Run every rule; ``baseline`` (the config before the user's change) enables the rules
-    about changes, such as raising TP or VPP to fix memory."""
-    d = derive(cfg, baseline)
+    about changes, such as raising TP or VPP to fix memory. ``mcore_version`` picks the
+    Megatron-Core release whose checks apply (default 0.19.2, the one Bridge 0.6.2 ships)."""
+    d = derive(cfg, baseline, mcore_version)
     findings: list[Finding] = []
     for r in RULES:
         v = r.check(cfg, d)
         if v is None:
             continue
-        findings.append(Finding(rule_id=r.id, severity=r.severity, message=v.message,
+        findings.append(Finding(rule_id=r.id, severity=v.severity or r.severity,
+                                message=v.message,
                                 fields=list(v.fields or r.fields), fix=v.fix, skill=r.skill,
                                 ref=r.ref, source=r.source))
     errors = sum(f.severity == "error" for f in findings)

@@ -36,11 +36,16 @@ def _edp_divisible(c: TrainingConfig, d: Derived) -> Violation | None:
         return None
     unset = " (ETP is unset, so it defaults to TP)" if c.model.expert_tensor_parallel_size \
         is None and d.tp > 1 else ""
+    # Bridge's validate() does not check the expert mesh (process-group init does), so on the
+    # world a dump merely implies this is a warning about where it can launch.
+    inferred = (f" (the world the dump implies: comm_overlap.data_parallel_size "
+                f"{d.dp} x TP·PP·CP {d.model_parallel_size}; Megatron-Core's process-group "
+                "init raises on it)") if d.world_from_dump else ""
     return Violation(
         f"{w} GPUs are not divisible by the expert mesh ETP·EP·PP = {d.etp}·{d.ep}·{d.pp} = "
-        f"{emp}{unset}",
-        f"use a GPU count that is a multiple of {emp}, or set {ETP}/{EP} so ETP·EP·PP "
-        f"divides {w}")
+        f"{emp}{unset}{inferred}",
+        f"launch on a multiple of {emp} GPUs (set {WORLD}), or set {ETP}/{EP} so ETP·EP·PP "
+        f"divides {w}", severity="warning" if d.world_from_dump else None)
 
 
 @rule("world.ep-needs-moe", "error", ref="A6", source="megatron-core", fields=(EP,

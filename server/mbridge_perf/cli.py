@@ -131,6 +131,50 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     return 1 if report.fits is False else 0
 
 
+def _cmd_recommend(args: argparse.Namespace) -> int:
+    from mbridge_perf.advise.recompute import recommend_recompute
+    from mbridge_perf.config.errors import ConfigError
+
+    try:
+        plan = recommend_recompute(_load_config(args), target_gib=args.target_gib,
+                                   gpu=args.gpu)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(plan.model_dump_json(indent=2) if args.json else plan.answer_markdown)
+    return 0 if plan.first_fitting_step is not None else 1
+
+
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from mbridge_perf.advise.oom import SCAN_CHARS, diagnose_oom
+    from mbridge_perf.config.errors import ConfigError
+
+    try:
+        cfg = None
+        if args.config or args.preset:
+            from mbridge_perf.config.load import load_config
+
+            cfg = load_config(preset=args.preset, file=args.config)
+    except ConfigError as exc:
+        print(f"error: --config: {exc}", file=sys.stderr)
+        return 2
+    text = _read_tail(args.log, SCAN_CHARS)
+    diag = diagnose_oom(text, cfg)
+    print(diag.model_dump_json(indent=2) if args.json else diag.answer_markdown)
+    return 0
+
+
+def _read_tail(path: str, limit: int) -> str:
+    """The last ``limit`` characters of a log file or stdin (a log of any size is fine)."""
+    if path == "-":
+        data = sys.stdin.buffer.read()
+        return data[-4 * limit:].decode("utf-8", "replace")[-limit:]
+    with open(path, "rb") as f:
+        f.seek(0, 2)
+        f.seek(max(0, f.tell() - 4 * limit))
+        return f.read().decode("utf-8", "replace")[-limit:]
+
+
 def _bench_print(args: argparse.Namespace, model: object, text: str) -> None:
     from pydantic import BaseModel
 
@@ -252,6 +296,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--imbalance", type=float, default=1.0,
                    help="MoE routing imbalance: tokens on the busiest expert / mean (>= 1)")
     p.set_defaults(func=_cmd_estimate)
+
+    p = sub.add_parser("recommend", help="the recompute / memory ladder for a config",
+                       description="Exit 0: a step fits; 1: nothing on the ladder fits; "
+                                   "2: unusable input.")
+    _add_config_args(p)
+    p.add_argument("--target-gib", type=float, default=None,
+                   help="memory budget per GPU in GiB (default: the GPU's capacity)")
+    p.add_argument("--gpu", help="GPU kind, e.g. H100, GB200 (default: cluster.gpu)")
+    p.set_defaults(func=_cmd_recommend)
+
+    p = sub.add_parser("diagnose", help="classify a CUDA OOM message or training log",
+                       description="Reads the log's tail. Exit 0 unless the input is "
+                                   "unusable (2).")
+    p.add_argument("log", help="log or OOM text file, or - for stdin")
+    p.add_argument("--config", help="the run's config (YAML/JSON) for a recommend plan")
+    p.add_argument("--preset", help="model preset the config starts from")
+    p.add_argument("--json", action="store_true", help="print the JSON diagnosis")
+    p.set_defaults(func=_cmd_diagnose)
 
     p = sub.add_parser("bench", help="run and judge benchmarks (local or Slurm)")
     bench = p.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -18,6 +18,8 @@ from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
 from mbridge_perf import __version__
+from mbridge_perf.advise.oom import OOMDiagnosis
+from mbridge_perf.advise.recompute import RecomputePlan
 from mbridge_perf.bench.reports import RunComparison, RunHandle, RunResult, RunStatus
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.load import ConfigSource, load_source
@@ -145,6 +147,7 @@ def _register_tools(server: MCPServer) -> list[str]:
 
     tools = [(validate_config, "Validate a training config", PURE),
              (estimate_memory, "Estimate per-GPU memory", PURE),
+             *_advise_tools(),
              (list_presets, "List model presets", PURE),
              *_bench_tools()]
     for fn, title, hints in tools:
@@ -152,6 +155,61 @@ def _register_tools(server: MCPServer) -> list[str]:
         server.tool(title=title, annotations=hints,
                     description=inspect.cleandoc(fn.__doc__ or ""))(fn)
     return [fn.__name__ for fn, _, _ in tools]
+
+
+def _advise_tools() -> list[tuple[Callable[..., Any], str, ToolAnnotations]]:
+    """recommend_recompute and diagnose_oom (advise/)."""
+
+    def recommend_recompute(
+            config: Annotated[ConfigSource, Field(description="The training config to fit.")],
+            target_gib: Annotated[float | None, Field(
+                gt=0, le=10_000, description="Memory budget per GPU in GiB (default: the "
+                                             "capacity of cluster.gpu / gpu).")] = None,
+            gpu: Annotated[str | None, Field(
+                description="GPU kind, e.g. 'H100' (default: the config's cluster.gpu).")
+            ] = None,
+    ) -> RecomputePlan:
+        """Run the skills' memory ladder on the user's config, in order of cost, each rung
+        priced by the estimator and checked by the validator: the allocator setting
+        (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, free), the selective-recompute
+        module the attention backend and architecture call for (core_attn only with unfused
+        attention; mla_up_proj, moe_act, layernorm, mlp last), full recompute with
+        recompute_method and the smallest recompute_num_layers that fits, optimizer CPU
+        offload, activation offload where PP = 1. Never a TP increase or VPP change. Returns
+        steps (action, config_changes as dotted overrides, est_peak_gib of the most-loaded
+        stage, est_saving_gib, throughput_cost measured or estimated with its source, fits,
+        rationale, skill), first_fitting_step, scenario (fragmentation / capacity / fits) and
+        answer_markdown. Pure arithmetic, needs no GPU."""
+        from mbridge_perf.advise.recompute import recommend_recompute as recommend
+
+        cfg = _config(config)
+        try:
+            return recommend(cfg, target_gib=target_gib, gpu=gpu)
+        except ConfigError as exc:
+            raise ToolError(f"{exc}. Fix that field and call again.") from None
+
+    def diagnose_oom(
+            text: Annotated[str, Field(description="The CUDA OOM message or the training "
+                                                   "log's tail (any length; the last 2 M "
+                                                   "characters are read).")],
+            config: Annotated[ConfigSource | None, Field(
+                description="Optional: the run's config, for a recommend_recompute plan.")
+            ] = None,
+    ) -> OOMDiagnosis:
+        """Classify a GPU out-of-memory failure from its text: PyTorch CUDA OOM messages
+        (current and legacy 1.x / 2.0 shapes), Megatron / Bridge per-rank memory lines,
+        driver / NCCL OOMs. fragmentation (large reserved-but-unallocated band next to the
+        failed request, one rank of many, CUDA-graph capture) vs capacity (small band,
+        allocator already set) vs none (no OOM: NCCL timeout, host OOM, ...). Returns the
+        numbers read, per-rank lines, the skills' failure-table row with its fix, with a
+        config the recommend_recompute plan, and answer_markdown. Reads the text only."""
+        from mbridge_perf.advise.oom import diagnose_oom as diagnose
+
+        cfg = _config(config) if config is not None else None
+        return diagnose(text, cfg)
+
+    return [(recommend_recompute, "Recommend recompute / memory steps", PURE),
+            (diagnose_oom, "Diagnose a GPU OOM", PURE)]
 
 
 RunId = Annotated[str, Field(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9_-]+$",
@@ -313,6 +371,10 @@ def _register_resources(server: MCPServer, skills: list[Skill]) -> None:
                           indent=1)
 
 
+# Skills whose prompts triage an OOM first (diagnose_oom), then run the ladder.
+OOM_SKILLS = ("nemo-mbridge-perf-memory-tuning", "nemo-mbridge-perf-activation-recompute")
+
+
 def _checklist_prompt(skill: Skill, tools: list[str]) -> Callable[..., str]:
     name = skill.folder_name
 
@@ -323,6 +385,9 @@ def _checklist_prompt(skill: Skill, tools: list[str]) -> Callable[..., str]:
                                       "recommend_recompute", "plan_parallelism") if t in tools)
         parts = [f"Use the {name} skill (read skill://{name}/SKILL.md first).",
                  f"Situation: {situation.strip()}"]
+        if name in OOM_SKILLS and "diagnose_oom" in tools:
+            parts.append("If the situation includes an OOM message or a training log, call "
+                         "diagnose_oom with that text (and the config, if any) first.")
         if config.strip():
             parts.append(f"Training config:\n```yaml\n{config.strip()}\n```")
             parts.append(f"Call {calls} with this config (as config.bridge_config) before "

@@ -370,6 +370,10 @@ def build_parser() -> argparse.ArgumentParser:
                                            "containing the current directory)")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing when clean")
     p.set_defaults(func=_cmd_lint)
+
+    from mbridge_perf.evals.commands import add_parser as add_eval_parser
+
+    add_eval_parser(sub)
     return parser
 
 

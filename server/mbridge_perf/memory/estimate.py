@@ -139,6 +139,9 @@ class MemoryReport(BaseModel):
     warnings: list[str]
     assumptions: list[str]
     not_modeled: list[str]
+    answer_markdown: str = Field(
+        "", description="the estimate as the memory skill answers it (most-loaded stage, fit, "
+                        "levers in order); filled by memory.answer.estimate_with_answer")
 
 
 NOT_MODELED = (

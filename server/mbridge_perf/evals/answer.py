@@ -1,0 +1,194 @@
+"""Read an answer — Markdown with optional YAML front matter, or the JSON a tool returned — into
+units for matching, its JSON blocks for paths and numbers, and the tool calls it records."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mbridge_perf.evals.text import Unit, heading_flags, normalise, unit_is_late
+
+MAX_ANSWER_BYTES = 1_000_000
+_FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
+_HEADING = re.compile(r"^(#{1,6})\s+(.*)$")
+_FENCE = re.compile(r"^\s*(```|~~~)\s*([A-Za-z0-9_-]*)")
+_LIST = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z(`*\"'])")
+
+
+class AnswerError(ValueError):
+    """The answer file cannot be read; the message names the file and the problem."""
+
+
+@dataclass
+class Answer:
+    """What the grader sees of one answer."""
+
+    text: str
+    units: list[Unit]
+    json_blocks: list[Any] = field(default_factory=list)
+    tool_calls: list[str] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def data(self) -> Any:
+        """The first JSON value (a tool's output, or a fenced json block), or None."""
+        return self.json_blocks[0] if self.json_blocks else None
+
+
+def tool_name(name: str) -> str:
+    """mcp__mbridge__estimate_memory -> estimate_memory."""
+    return name.rsplit("__", 1)[-1].strip()
+
+
+def load_answer(path: Path) -> Answer:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise AnswerError(f"{path}: cannot read the answer: {exc.strerror}") from None
+    if len(raw) > MAX_ANSWER_BYTES:
+        raise AnswerError(f"{path}: answer is {len(raw)} bytes; the limit is {MAX_ANSWER_BYTES}")
+    try:
+        return parse_answer(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise AnswerError(f"{path}: answer is not UTF-8 text") from None
+    except AnswerError as exc:
+        raise AnswerError(f"{path}: {exc}") from None
+
+
+def parse_answer(text: str, tool_calls: list[str] | None = None) -> Answer:
+    """Markdown (front matter: tool_calls, verdict, reason, ...) or a tool's JSON output."""
+    stripped = text.lstrip()
+    if stripped.startswith(("{", "[")):
+        try:
+            data = json.loads(stripped)
+        except json.JSONDecodeError:
+            data = None
+        if data is not None:
+            return from_json(data, tool_calls)
+    meta: dict[str, Any] = {}
+    m = _FRONT.match(text)
+    if m:
+        try:
+            meta = yaml.safe_load(m.group(1)) or {}
+        except yaml.YAMLError as exc:
+            raise AnswerError(f"front matter is not valid YAML: {' '.join(str(exc).split())}"
+                              ) from None
+        if not isinstance(meta, dict):
+            raise AnswerError("front matter must be a mapping (verdict, reason, tool_calls)")
+        text = text[m.end():]
+    calls = meta.get("tool_calls", tool_calls)
+    if calls is not None and not (isinstance(calls, list)
+                                  and all(isinstance(c, str) for c in calls)):
+        raise AnswerError("front matter tool_calls must be a list of tool names")
+    units, blocks = split_units(text)
+    return Answer(text=text, units=units, json_blocks=blocks,
+                  tool_calls=[tool_name(c) for c in calls] if calls is not None else None,
+                  meta=meta)
+
+
+def from_json(data: Any, tool_calls: list[str] | None = None) -> Answer:
+    """A tool's output: grade its answer_markdown, keep the JSON for paths and numbers."""
+    md = data.get("answer_markdown") if isinstance(data, dict) else None
+    body = md if isinstance(md, str) else ""
+    units, blocks = split_units(body)
+    if not body:
+        units = _recommendation_units(data, 0)
+    return Answer(text=body, units=units, json_blocks=[data, *blocks],
+                  tool_calls=[tool_name(c) for c in tool_calls] if tool_calls else tool_calls)
+
+
+def _recommendation_units(data: Any, start: int) -> list[Unit]:
+    """A structured recommendation list ({rank, knob, value, rationale}) as ordered units."""
+    recs = data.get("recommendations") if isinstance(data, dict) else None
+    if not isinstance(recs, list):
+        return []
+    items = [r for r in recs if isinstance(r, dict)]
+    items.sort(key=lambda r: r.get("rank", 0) if isinstance(r.get("rank"), int | float) else 0)
+    units = []
+    for k, r in enumerate(items):
+        text = f"{r.get('knob', '')}={_scalar(r.get('value'))}"
+        if r.get("rationale"):
+            text += f" — {r['rationale']}"
+        units.append(Unit(text, normalise(text), start + k))
+    return units
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return json.dumps(value) if isinstance(value, bool) else str(value)
+
+
+def split_units(text: str) -> tuple[list[Unit], list[Any]]:
+    """Markdown into units: sentences of prose, list items, table rows, code lines; fenced
+    JSON blocks are parsed (their recommendation lists become units where the block stands)."""
+    units: list[Unit] = []
+    blocks: list[Any] = []
+    neg = late = False
+    fence: str | None = None
+    code: list[str] = []
+    para: list[str] = []
+
+    def add(piece: str) -> None:
+        norm = normalise(piece)
+        if piece.strip():
+            units.append(Unit(piece.strip(), norm, len(units), late or unit_is_late(norm), neg))
+
+    def flush() -> None:
+        if para:
+            for sentence in _SENTENCE.split(" ".join(para)):
+                add(sentence)
+            para.clear()
+
+    for line in text.splitlines():
+        fm = _FENCE.match(line)
+        if fence is not None:
+            if fm and fm.group(1) == fence[:3]:
+                _close_fence(fence, code, blocks, units, add)
+                fence, code = None, []
+            else:
+                code.append(line)
+            continue
+        if fm:
+            flush()
+            fence = fm.group(1) + fm.group(2).lower()
+            continue
+        h = _HEADING.match(line)
+        if h:
+            flush()
+            neg, late = heading_flags(h.group(2))
+            continue
+        if not line.strip() or _LIST.match(line) or line.lstrip().startswith("|"):
+            flush()
+        if line.lstrip().startswith("|"):
+            if not set(line.strip()) <= set("|-: "):
+                add(line)
+            continue
+        if line.strip():
+            para.append(_LIST.sub("", line, count=1).strip() if _LIST.match(line) else line)
+    flush()
+    if fence is not None:
+        _close_fence(fence, code, blocks, units, add)
+    return units, blocks
+
+
+def _close_fence(fence: str, code: list[str], blocks: list[Any], units: list[Unit],
+                 add: Any) -> None:
+    body = "\n".join(code)
+    if fence.endswith("json") or body.lstrip().startswith("{"):
+        try:
+            data = json.loads(body)
+        except json.JSONDecodeError:
+            data = None
+        if data is not None:
+            blocks.append(data)
+            units.extend(_recommendation_units(data, len(units)))
+            return
+    for line in code:
+        add(line)

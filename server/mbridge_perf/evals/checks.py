@@ -1,0 +1,248 @@
+"""One function per kind of check in an evals.json ``checks`` block; each returns expectations
+that carry the span (or JSON value) they were judged on."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+from mbridge_perf.evals.answer import Answer
+from mbridge_perf.evals.jsonpath import PathError, query
+from mbridge_perf.evals.keys import invented_keys
+from mbridge_perf.evals.text import Match, Unit, clip, find
+
+
+@dataclass
+class Expectation:
+    """A single graded statement; ``check`` names its kind for the critical list."""
+
+    text: str
+    passed: bool
+    evidence: str
+    check: str
+    critical: bool = False
+
+
+def _rank(u: Unit) -> tuple[int, int]:
+    return (1 if u.late else 0, u.index)
+
+
+def recommended(units: list[Unit], term: str, *, late_ok: bool = True) -> list[Match]:
+    """Recommended matches of a term, best rank first; ``a&b`` needs both in one unit."""
+    parts = [p for p in term.split("&") if p.strip()]
+    hits = [m for m in find(units, parts[0]) if m.recommended and (late_ok or not m.unit.late)]
+    for other in parts[1:]:
+        with_other = {m.unit.index for m in find(units, other) if m.recommended}
+        hits = [m for m in hits if m.unit.index in with_other]
+    return sorted(hits, key=lambda m: _rank(m.unit))
+
+
+def mentioned(units: list[Unit], term: str) -> list[Match]:
+    parts = [p for p in term.split("&") if p.strip()]
+    hits = find(units, parts[0])
+    for other in parts[1:]:
+        with_other = {m.unit.index for m in find(units, other)}
+        hits = [m for m in hits if m.unit.index in with_other]
+    return hits
+
+
+def _quote(terms: Iterable[str]) -> str:
+    return ", ".join(f"'{t}'" for t in terms)
+
+
+def include_all(a: Answer, groups: list[list[str]]) -> list[Expectation]:
+    out = []
+    for group in groups:
+        for term in group:
+            hits = mentioned(a.units, term)
+            out.append(Expectation(f"must include '{term}'", bool(hits),
+                                   hits[0].evidence if hits else f"'{term}' not found",
+                                   "must_include_all"))
+    return out
+
+
+def include_any(a: Answer, groups: list[list[str]]) -> list[Expectation]:
+    out = []
+    for group in groups:
+        hit = next((m for t in group for m in mentioned(a.units, t)), None)
+        out.append(Expectation(f"must include one of {_quote(group)}", hit is not None,
+                               hit.evidence if hit else "none found", "must_include_any"))
+    return out
+
+
+def not_include(a: Answer, terms: list[str]) -> list[Expectation]:
+    out = []
+    for term in terms:
+        hits = mentioned(a.units, term)
+        out.append(Expectation(f"must not include '{term}'", not hits,
+                               hits[0].evidence if hits else "absent", "must_not_include"))
+    return out
+
+
+def not_recommend(a: Answer, terms: list[str]) -> list[Expectation]:
+    """Mentions ("do not raise TP=8") and last-resort advice are fine; advice is not."""
+    out = []
+    for term in terms:
+        hits = recommended(a.units, term, late_ok=False)
+        evidence = (hits[0].evidence if hits else
+                    _mention_note(mentioned(a.units, term), term))
+        out.append(Expectation(f"must not recommend '{term}'", not hits, evidence,
+                               "must_not_recommend"))
+    return out
+
+
+def _mention_note(hits: list[Match], term: str) -> str:
+    if not hits:
+        return f"'{term}' not recommended (absent)"
+    return f"mentioned, not recommended: {hits[0].evidence}"
+
+
+def first_recommendation(a: Answer, wanted: list[str], vocab: list[str]) -> Expectation:
+    """The first unit that recommends any known knob must recommend one of ``wanted``."""
+    seq = sorted(a.units, key=_rank)
+    first = None
+    for u in seq:
+        if any(recommended([u], t) for t in vocab):
+            first = u
+            break
+    text = f"first recommendation is one of {_quote(wanted)}"
+    if first is None:
+        return Expectation(text, False, "no recommendation found", "first_recommendation_in")
+    ok = any(recommended([first], t) for t in wanted)
+    return Expectation(text, ok, ("" if ok else "first recommendation: ") + clip(first.text),
+                       "first_recommendation_in")
+
+
+def order(a: Answer, pairs: list[list[str]]) -> list[Expectation]:
+    out = []
+    for before, after in pairs:
+        text = f"'{before}' recommended before '{after}'"
+        hb, ha = recommended(a.units, before), recommended(a.units, after)
+        if not hb or not ha:
+            missing = before if not hb else after
+            out.append(Expectation(text, False, f"'{missing}' is not recommended", "order"))
+            continue
+        ok = _rank(hb[0].unit) <= _rank(ha[0].unit) and hb[0].unit.index != -1
+        if _rank(hb[0].unit) == _rank(ha[0].unit):
+            ok = hb[0].start <= ha[0].start
+        out.append(Expectation(text, ok, f"first '{before}': {hb[0].evidence} | first "
+                                         f"'{after}': {ha[0].evidence}", "order"))
+    return out
+
+
+def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist"
+              ) -> list[Expectation]:
+    """Each item present (recommended when kind=recommend), recommendations in card order."""
+    out: list[Expectation] = []
+    ranks: list[tuple[str, tuple[int, int], Match]] = []
+    for item in items:
+        rec = item.get("kind", "recommend") == "recommend"
+        hits = [m for t in item["match"] for m in
+                (recommended(a.units, t) if rec else mentioned(a.units, t))]
+        hits.sort(key=lambda m: (_rank(m.unit), m.start))
+        verb, miss = ("recommends", "recommended") if rec else ("states", "found")
+        out.append(Expectation(f"checklist {item['id']}: {verb} {clip(item['text'], 120)}",
+                               bool(hits), hits[0].evidence if hits else
+                               f"none of {_quote(item['match'])} {miss}", check))
+        if rec and hits:
+            ranks.append((item["id"], _rank(hits[0].unit), hits[0]))
+    if len(ranks) > 1:
+        bad = [(x, y) for x, y in pairwise(ranks) if x[1] > y[1]]
+        evidence = ("; ".join(f"'{y[0]}' ({y[2].evidence}) comes before '{x[0]}'"
+                              for x, y in bad) if bad else " < ".join(r[0] for r in ranks))
+        out.append(Expectation("checklist recommendations follow the card's order", not bad,
+                               evidence, f"{check}.order"))
+    return out
+
+
+def tool_calls(a: Answer, spec: dict[str, list[str]]) -> list[Expectation]:
+    out = []
+    calls = a.tool_calls
+    seen = "none recorded" if calls is None else (", ".join(calls) or "no tools called")
+    for tool in spec.get("required", []):
+        ok = calls is not None and tool in calls
+        out.append(Expectation(f"calls the tool {tool}", ok, f"tool calls: {seen}",
+                               "tool_calls.required"))
+    for tool in spec.get("forbidden", []):
+        ok = calls is None or tool not in calls
+        out.append(Expectation(f"does not call the tool {tool}", ok, f"tool calls: {seen}",
+                               "tool_calls.forbidden"))
+    return out
+
+
+def valid_keys(a: Answer) -> Expectation:
+    bad = invented_keys(a.units)
+    evidence = ("; ".join(f"{b.what}: {clip(b.unit.text, 120)}" for b in bad[:3]) if bad
+                else "every recommended key is a known Megatron Bridge field, flag or label")
+    return Expectation("recommends only knobs that exist (known fields and labels)", not bad,
+                       evidence, "valid_keys_only")
+
+
+def numeric(a: Answer, spec: dict[str, Any]) -> Expectation:
+    expect = float(spec["expect"])
+    rel, abs_ = float(spec.get("rel_tol", 0.0)), float(spec.get("abs_tol", 1e-9))
+    text = f"{spec['extract']} ≈ {spec['expect']}" + (f" (±{rel:.0%})" if rel else "")
+    values = _extract(a, spec["extract"])
+    if isinstance(values, str):
+        return Expectation(text, False, values, "numeric")
+    for v in values:
+        if math.isclose(v, expect, rel_tol=rel, abs_tol=abs_):
+            return Expectation(text, True, f"value {v:g}", "numeric")
+    got = ", ".join(f"{v:g}" for v in values[:5]) or "no number"
+    return Expectation(text, False, f"found {got}", "numeric")
+
+
+def _extract(a: Answer, extract: str) -> list[float] | str:
+    kind, _, expr = extract.partition(":")
+    if kind == "json":
+        try:
+            vals = [v for block in a.json_blocks for v in query(block, expr)]
+        except PathError as exc:
+            return str(exc)
+        nums = [float(v) for v in vals if isinstance(v, int | float) and not isinstance(v, bool)]
+        return nums if nums else f"{expr}: no numeric value in the answer's JSON"
+    if kind == "text":
+        rx = re.compile(expr, re.IGNORECASE)
+        nums = []
+        for m in rx.finditer(a.text):
+            try:
+                nums.append(float(m.group(1) if m.groups() else m.group(0)))
+            except ValueError:
+                continue
+        return nums if nums else f"text /{expr}/: no match"
+    return f"extract {extract!r} must start with 'json:' or 'text:'"
+
+
+def required_fields(a: Answer, spec: dict[str, Any]) -> list[Expectation]:
+    """Paths in the tool's JSON when the answer carries it (a prose answer has none to check)."""
+    out: list[Expectation] = []
+    if not a.json_blocks:
+        return out
+    for path in spec["json_paths"]:
+        try:
+            vals = [v for block in a.json_blocks for v in query(block, path)]
+        except PathError as exc:
+            vals, note = [], str(exc)
+        else:
+            note = f"{path} absent from the {spec['tool']} output"
+        ok = bool(vals) and any(v not in (None, "", []) for v in vals)
+        out.append(Expectation(f"{spec['tool']} output has {path}", ok,
+                               clip(repr(vals[0])) if ok else note, "required_fields"))
+    return out
+
+
+def no_skill_claim(a: Answer, skill: str) -> Expectation:
+    """A negative case: the answer must not load, cite or lean on the skill it does not need."""
+    short = skill.removeprefix("nemo-mbridge-perf-")
+    hits = [m for t in (skill, f"{short} skill") for m in find(a.units, t) if m.recommended]
+    calls = a.tool_calls or []
+    claimed = [c for c in calls if skill in c]
+    ok = not hits and not claimed
+    evidence = (hits[0].evidence if hits else f"tool calls: {', '.join(claimed)}" if claimed
+                else f"{skill} not claimed")
+    return Expectation(f"does not claim the {skill} skill (out of its scope)", ok, evidence,
+                       "skill_claim", critical=True)

@@ -1,0 +1,101 @@
+"""The knob allowlist: config keys, perf flags and label values an answer may recommend, taken
+from the validator's known fields and label sets so an invented knob fails the answer."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from mbridge_perf.evals.text import Unit, is_recommended
+
+_DOTTED = re.compile(r"(?<![A-Za-z0-9_.])([a-z_]+)\.([A-Za-z_][A-Za-z0-9_]*)\b")
+_ASSIGN = re.compile(r"(?<![A-Za-z0-9_.\-])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\s*(?:=|:\s)")
+_LIST_VALUE = re.compile(r"\b(recompute_modules|cuda_graph_modules)\s*[=:]\s*\[([^\]]*)\]")
+_ENUM_VALUE = re.compile(r"\b(recompute_granularity|recompute_method|cuda_graph_impl)\s*[=:]\s*"
+                         r"[\"'`]?([A-Za-z_]+)")
+_STRIP = re.compile(r"[`*]")
+
+# Keys that are not config fields but legitimately appear as key=value in answers.
+_EXTRA = {"expandable_segments", "garbage_collection_threshold", "max_split_size_mb",
+          "num_gpus", "gpus_per_node", "tool_calls", "seq_len",
+          # our tools' own arguments, which their answers name
+          "target_gib", "golden_tflops", "regression_pct", "dry_run", "run_id", "wait_s"}
+
+
+@dataclass(frozen=True)
+class Allowlist:
+    sections: dict[str, frozenset[str]]
+    fields: frozenset[str]
+    enums: dict[str, frozenset[str]]
+
+
+@cache
+def allowlist() -> Allowlist:
+    from mbridge_perf.config.flags import _ALIASES, _HANDLERS
+    from mbridge_perf.rules.cudagraph import GRAPH_MODULE_NAMES
+    from mbridge_perf.rules.recompute import GRAPH_IMPLS, RECOMPUTE_LABELS
+
+    text = resources.files("mbridge_perf.config").joinpath("known_fields.json").read_text(
+        encoding="utf-8")
+    data = json.loads(text)
+    sections = {k: frozenset(v) for k, v in data["sections"].items()}
+    sections["cluster"] = frozenset({"num_gpus", "gpus_per_node", "gpu"})
+    flags = {f.lstrip("-").replace("-", "_") for f in (*_HANDLERS, *_ALIASES)}
+    fields = frozenset(set().union(*sections.values()) | flags | _EXTRA)
+    enums = {
+        "recompute_modules": frozenset(RECOMPUTE_LABELS),
+        "cuda_graph_modules": frozenset(GRAPH_MODULE_NAMES),
+        "recompute_granularity": frozenset({"full", "selective", "none", "null"}),
+        "recompute_method": frozenset({"uniform", "block", "none", "null"}),
+        "cuda_graph_impl": frozenset(GRAPH_IMPLS),
+    }
+    return Allowlist(sections, fields, enums)
+
+
+@dataclass(frozen=True)
+class BadKey:
+    what: str
+    unit: Unit
+
+
+def invented_keys(units: list[Unit]) -> list[BadKey]:
+    """Knobs the answer recommends that the pinned Megatron Bridge / Megatron-Core do not have."""
+    al = allowlist()
+    bad: list[BadKey] = []
+    for u in units:
+        raw = _STRIP.sub("", u.text)
+        low = raw.lower()
+        found: list[tuple[str, str]] = []
+        for m in _DOTTED.finditer(raw):
+            sec, name = m.group(1), m.group(2)
+            if sec in al.sections and name not in al.sections[sec] and name != "yaml":
+                found.append((name, f"{sec}.{name} (no such field in {sec})"))
+        for m in _ASSIGN.finditer(raw):
+            if m.group(1) not in al.fields and not _after_dot(raw, m.start()):
+                found.append((m.group(1), f"{m.group(1)} (no such config field or flag)"))
+        for m in _LIST_VALUE.finditer(low):
+            allowed = al.enums[m.group(1)]
+            for label in (x.strip(" \"'") for x in m.group(2).split(",")):
+                if label and label not in allowed:
+                    found.append((label, f"{m.group(1)} label {label!r} (valid: "
+                                          f"{', '.join(sorted(allowed))})"))
+        for m in _ENUM_VALUE.finditer(low):
+            if m.group(2) not in al.enums[m.group(1)]:
+                found.append((m.group(2), f"{m.group(1)}={m.group(2)} (valid: "
+                                          f"{', '.join(sorted(al.enums[m.group(1)]))})"))
+        bad.extend(BadKey(what, u) for name, what in found if _recommended_at(u, name))
+    return bad
+
+
+def _after_dot(raw: str, start: int) -> bool:
+    return start > 0 and raw[start - 1] == "."
+
+
+def _recommended_at(u: Unit, name: str) -> bool:
+    """A key inside a rejected or reported clause ("not recompute_modules=[up_proj]") is a
+    mention, not advice."""
+    pos = u.norm.find(name.lower())
+    return is_recommended(u, max(pos, 0), max(pos, 0) + len(name))

@@ -1,0 +1,118 @@
+"""``answer_markdown`` for an estimate_memory report: the estimate read the way the memory
+skill answers — the most-loaded stage and what dominates it, whether it fits, and the levers in
+the skill's order (allocator first when the risk is the reserved band, selective recompute by
+architecture, distributed optimizer only with DP > 1, mlp last; never TP, VPP or layer CPU
+offload as a memory fix)."""
+
+from __future__ import annotations
+
+from mbridge_perf.config.model import TrainingConfig
+from mbridge_perf.memory.estimate import MemoryReport, StageMemory
+
+_SIZES = {"tensor": "TP", "pipeline": "PP", "virtual_pipeline": "VPP", "context": "CP",
+          "expert": "EP", "expert_tensor": "ETP", "data": "DP"}
+
+
+def _dominant(s: StageMemory) -> str:
+    parts = {"optimizer state": s.optimizer_gib, "activations": s.activations_gib,
+             "gradients": s.grads_gib, "weights": s.weights_gib}
+    name = max(parts, key=lambda k: parts[k])
+    return f"{name} ({parts[name]:.1f} GiB)"
+
+
+def _verdict(r: MemoryReport) -> str:
+    if r.gpu_capacity_gib is None:
+        return "No GPU given, so fits / headroom are not judged (pass gpu, e.g. 'H100')."
+    if r.fits and r.fits_with_fragmentation:
+        return (f"Fits on {r.gpu} ({r.gpu_capacity_gib:.1f} GiB) even with the reserved band; "
+                f"headroom {r.headroom_gib:.1f} GiB.")
+    if r.fits:
+        return (f"Fits on {r.gpu} ({r.gpu_capacity_gib:.1f} GiB) only if fragmentation stays "
+                f"low: the peak plus the reserved-but-unallocated band can exceed the GPU, which "
+                f"is how a fragmentation OOM looks (one rank OOMs, others keep headroom).")
+    return (f"Does not fit on {r.gpu} ({r.gpu_capacity_gib:.1f} GiB): the peak itself is over "
+            "capacity, a genuine capacity limit.")
+
+
+def _selective_step(cfg: TrainingConfig) -> str:
+    from mbridge_perf.rules.recompute import (
+        first_selective_modules,
+        fused_attention,
+        recompute_modules,
+    )
+
+    m = cfg.model
+    fused = fused_attention(m)
+    now = recompute_modules(m) if m.recompute_granularity == "selective" else []
+    kept = [x for x in now if not (fused and x == "core_attn")]
+    mods = list(dict.fromkeys([*kept, *first_selective_modules(m)]))
+    why = (" (core_attn frees about 0 under Transformer Engine fused / flash attention)"
+           if fused else "")
+    if now and mods == now:
+        return (f"Selective recompute is on with `recompute_modules=[{', '.join(now)}]`, the "
+                "modules this architecture calls for.")
+    return (f"If it still OOMs, use selective recompute: `recompute_granularity=\"selective\"`, "
+            f"`recompute_modules=[{', '.join(mods)}]`{why}.")
+
+
+def _levers(r: MemoryReport, cfg: TrainingConfig) -> list[str]:
+    from mbridge_perf.memory.overheads import expandable_segments
+
+    steps = []
+    if not expandable_segments(cfg.env):
+        steps.append("Export `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the job "
+                     "environment first; it removes fragmentation at no throughput cost"
+                     + (", though it cannot close a capacity gap." if r.fits is False else "."))
+    steps.append(_selective_step(cfg))
+    dp = r.parallelism.get("data")
+    distopt = cfg.optimizer.use_distributed_optimizer or cfg.ddp.use_distributed_optimizer
+    if not distopt and dp and dp > 1:
+        steps.append(f"Shard the optimizer state over DP={dp} with "
+                     "`optimizer.use_distributed_optimizer=true` (about 1-2% cost).")
+    if r.fits is False:
+        steps.append("Offload optimizer state with `optimizer.optimizer_cpu_offload=true` and a "
+                     "non-zero `optimizer.optimizer_offload_fraction` (not layer activation "
+                     "offload, which needs PP = 1).")
+    steps.append("Only as a last resort add `mlp` to `recompute_modules` (about 3 GB for about "
+                 "16% throughput on Llama3 70B).")
+    return steps
+
+
+def memory_markdown(r: MemoryReport, cfg: TrainingConfig) -> str:
+    """The report in a few lines an assistant can hand over as its answer."""
+    s = r.per_stage[r.most_loaded_stage]
+    lo, hi = r.reserved_band_gib
+    par = r.parallelism
+    layout = " ".join(f"{short}{par[k]}" for k, short in _SIZES.items()
+                      if par.get(k) is not None) + f" on {par.get('world_size')} GPUs"
+    lines = [
+        f"**Memory estimate** ({layout}; GiB = 2^30 bytes, Megatron logs decimal GB): the most "
+        f"loaded stage is stage {r.most_loaded_stage}, peak allocated "
+        f"{r.peak_allocated_gib:.1f} GiB, dominated by {_dominant(s)}.",
+        "",
+        f"- {_verdict(r)}",
+        f"- Reserved-but-unallocated band: +{lo:.1f} to +{hi:.1f} GiB; CUDA context, NCCL and "
+        f"CUDA-graph overheads {r.overheads.total_gib:.1f} GiB outside the allocator.",
+        f"- Total parameters {r.total_params / 1e9:.1f} B"
+        + (" (every expert counted, not only the active parameters: routed experts are "
+           "stored whether a token uses them or not)." if cfg.model.num_moe_experts else "."),
+        "",
+        "Next steps, in order:",
+        "",
+    ]
+    lines += [f"{k}. {step}" for k, step in enumerate(_levers(r, cfg), 1)]
+    lines += ["", "Do not raise TP, VPP or turn on layer CPU offloading as a memory fix: TP "
+              "costs throughput (-28.4% for TP 4 -> 8 on Llama3 70B), VPP adds activation "
+              "memory, and cpu_offloading needs PP = 1."]
+    if r.warnings:
+        lines += ["", "Warnings: " + "; ".join(r.warnings)]
+    return "\n".join(lines)
+
+
+def estimate_with_answer(cfg: TrainingConfig, *, gpu: str | None = None,
+                         imbalance: float = 1.0) -> MemoryReport:
+    """estimate_memory plus its answer_markdown (what the MCP tool and the eval grader use)."""
+    from mbridge_perf.memory.estimate import estimate_memory
+
+    report = estimate_memory(cfg, gpu=gpu, imbalance=imbalance)
+    return report.model_copy(update={"answer_markdown": memory_markdown(report, cfg)})

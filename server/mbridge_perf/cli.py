@@ -103,10 +103,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     try:
         cfg = _load_config(args)
         baseline = _load_config(args, "baseline") if args.baseline else None
+        report = validate(cfg, baseline, args.mcore_version)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    report = validate(cfg, baseline)
     print(report.model_dump_json(indent=2) if args.json else format_report(report))
     return 0 if report.ok else 1
 
@@ -286,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the config before your change (enables rules about the change)")
     p.add_argument("--list-rules", action="store_true", help="print the rule catalog")
     p.set_defaults(func=_cmd_validate)
+    p.add_argument("--mcore-version", default="0.19.2", metavar="X.Y.Z",
+                   help="Megatron-Core release whose checks apply (default 0.19.2, the one "
+                        "Megatron Bridge 0.6.2 ships; also 0.16.1)")
 
     p = sub.add_parser("estimate", help="per-stage GPU memory of a training config",
                        description="Exit 0: fits (or no GPU given); 1: does not fit; "

@@ -87,6 +87,10 @@ def _register_tools(server: MCPServer) -> list[str]:
             config: Annotated[ConfigSource, Field(description="The training config to check.")],
             baseline: Annotated[ConfigSource | None, Field(
                 description="Optional: the config before the user's change.")] = None,
+            mcore_version: Annotated[str, Field(
+                description="Megatron-Core release whose checks apply: 0.19.2 (the one "
+                            "Megatron Bridge 0.6.2 ships, default) or 0.16.1; other patches "
+                            "of those lines are accepted.", max_length=32)] = "0.19.2",
     ) -> ValidationReport:
         """Check a Megatron Bridge training config against Megatron-Core / Megatron Bridge
         constraints and the skills' documented hazards before launching, or to explain a
@@ -100,7 +104,10 @@ def _register_tools(server: MCPServer) -> list[str]:
 
         cfg = _config(config)
         base = _config(baseline, "baseline") if baseline is not None else None
-        return validate(cfg, base)
+        try:
+            return validate(cfg, base, mcore_version)
+        except ConfigError as exc:
+            raise ToolError(f"{exc}. Fix that argument and call again.") from None
 
     def list_presets() -> PresetList:
         """List the model presets (Llama3, Qwen3, Qwen3-Next, DeepSeek-V3, Moonlight, GPT-OSS,

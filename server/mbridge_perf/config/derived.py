@@ -229,6 +229,8 @@ class Derived:
     # the config this one was changed from, for rules about the change itself (e.g. TP raised
     # to fix an OOM); None when validating a config on its own
     baseline: TrainingConfig | None = None
+    # the Megatron-Core release whose checks apply (Bridge 0.6.2 ships 0.19.2)
+    mcore: McoreFacts = field(default_factory=mcore_facts)
 
     @property
     def tp(self) -> int:
@@ -246,8 +248,6 @@ class Derived:
     def ep(self) -> int:
         return self.cfg.model.expert_model_parallel_size
 
-    # the Megatron-Core release whose checks apply (Bridge 0.6.2 ships 0.19.2)
-    mcore: McoreFacts = field(default_factory=mcore_facts)
     @property
     def etp(self) -> int:
         """ETP defaults to TP when unset (Megatron-Core)."""
@@ -311,6 +311,15 @@ class Derived:
         return (old, new) if new < old else None
 
     @property
+    def world_from_dump(self) -> bool:
+        """The world size is the one a Bridge dump implies (comm_overlap.data_parallel_size
+        x TP·PP·CP, what set_data_parallel_size() saw when the dump was written), not
+        necessarily the one the job will launch on."""
+        dp = self.cfg.overlap.carried().get("data_parallel_size")
+        return self.world_size is not None and isinstance(dp, int) and \
+            dp * self.model_parallel_size == self.world_size
+
+    @property
     def is_moe(self) -> bool:
         n = self.cfg.model.num_moe_experts
         return n is not None and n > 0
@@ -327,15 +336,6 @@ class Derived:
     @cached_property
     def precision(self) -> Precision:
         return resolve_precision(self.cfg)
-    @property
-    def world_from_dump(self) -> bool:
-        """The world size is the one a Bridge dump implies (comm_overlap.data_parallel_size
-        x TP·PP·CP, what set_data_parallel_size() saw when the dump was written), not
-        necessarily the one the job will launch on."""
-        dp = self.cfg.overlap.carried().get("data_parallel_size")
-        return self.world_size is not None and isinstance(dp, int) and \
-            dp * self.model_parallel_size == self.world_size
-
 
     def as_dict(self) -> dict[str, object]:
         """The values a report shows the user."""

@@ -120,7 +120,7 @@ BAD = [
     ("submit_benchmark", {"config": TINY, "profile": "no-such-profile"}, "profile:"),
     ("submit_benchmark", {"config": TINY, "profile": "../../etc/passwd"}, "not a profile name"),
     ("submit_benchmark", {"config": TINY, "profile": "cpu-test", "steps": 10},
-     "greater than or equal to 50"),
+     "steps: must be ≥ 50"),
     ("submit_benchmark", {"config": TINY, "profile": "cpu-test", "steps": 60,
                           "window_start": 51, "window_end": 70}, "steps:"),
     ("submit_benchmark", {"config": {**TINY, "overrides": ["model.cpu_offloading=true",

@@ -33,9 +33,11 @@ DEFAULT_LAUNCHER = "srun + torchrun scripts/training/run_recipe.py"
 # contract records only these, so a secret such as HF_TOKEN never lands in a record.
 PERF_ENV_NAMES = frozenset({
     "PYTORCH_CUDA_ALLOC_CONF", "CUDA_DEVICE_MAX_CONNECTIONS", "CUBLAS_WORKSPACE_CONFIG",
-    "NVIDIA_TF32_OVERRIDE", "OMP_NUM_THREADS", "CUDA_LAUNCH_BLOCKING",
+    "NVIDIA_TF32_OVERRIDE", "OMP_NUM_THREADS", "CUDA_LAUNCH_BLOCKING", "USE_MNNVL",
+    "NVLINK_DOMAIN_SIZE",
 })
-PERF_ENV_PREFIXES = ("NCCL_", "NVTE_", "TORCH_NCCL_", "NVSHMEM_", "UB_")
+PERF_ENV_PREFIXES = ("NCCL_", "NVTE_", "TORCH_NCCL_", "NVSHMEM_", "UB_", "CUDNNFE_", "NUM_OF_",
+                     "CUBLAS", "TORCH_CUDNN_")
 
 VERSION_KEYS = ("megatron_bridge", "megatron_core", "transformer_engine", "torch", "container",
                 "cuda", "nccl")
@@ -55,6 +57,17 @@ class Versions(_Part):
     container: str | None = Field(None, description="image, e.g. nvcr.io/nvidia/nemo:26.04")
     cuda: str | None = None
     nccl: str | None = None
+
+
+class Job(_Part):
+    """How the job was started, from the cluster profile: two runs whose setup lines or
+    launcher arguments differ are not an A/B of anything else."""
+
+    executor: str | None = Field(None, description="local or slurm")
+    setup_sha256: str | None = Field(None, description="hash of the profile's setup lines "
+                                                       "(None: no setup lines)")
+    launcher_args: list[str] = Field(default_factory=list)
+    srun_args: list[str] = Field(default_factory=list)
 
 
 class Hardware(_Part):
@@ -202,6 +215,7 @@ class MeasurementContract(_Part):
     versions: Versions = Field(default_factory=Versions)
     hardware: Hardware = Field(default_factory=Hardware)
     launcher: str = DEFAULT_LAUNCHER
+    job: Job = Field(default_factory=Job)
     environment: dict[str, str] = Field(default_factory=dict,
                                         description="performance-relevant env vars only")
     workload: Workload = Field(default_factory=Workload)
@@ -279,6 +293,7 @@ def contract_from_config(
     window: tuple[int, int] = DEFAULT_WINDOW,
     label: Label | None = None,
     gpu: str | None = None,
+    job: Job | None = None,
 ) -> MeasurementContract:
     """Freeze the conditions of a run of ``cfg``. ``env`` (e.g. the launcher's defaults) is laid
     under ``cfg.env`` (the config wins); ``label=None`` picks benchmark-only when routing is
@@ -318,6 +333,7 @@ def contract_from_config(
         hardware=Hardware(num_gpus=num_gpus, gpu=gpu or cfg.cluster.gpu, gpus_per_node=gpn,
                           nodes=nodes, topology=topology),
         launcher=launcher,
+        job=job or Job(),
         environment=performance_env(merged_env),
         workload=Workload(
             model=model, architecture=_architecture(cfg, moe), task=task, data=data,

@@ -32,6 +32,7 @@ import shlex
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from mbridge_perf.bench.envpolicy import check_env
 from mbridge_perf.bench.profile import ClusterProfile
 from mbridge_perf.config.model import TrainingConfig
 
@@ -90,7 +91,10 @@ def hydra_value(value: Any) -> str:
 def _flatten(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
     if isinstance(value, Mapping) and value:
         for k, v in value.items():
-            yield from _flatten(f"{prefix}.{k}", v)
+            # `_target_`, `_call_`, …: an override naming a callable would let a config choose
+            # code for Hydra to instantiate; the recipe already has the right objects
+            if not (str(k).startswith("_") and str(k).endswith("_")):
+                yield from _flatten(f"{prefix}.{k}", v)
     else:
         yield prefix, value
 
@@ -127,6 +131,9 @@ def cuda_graphs_on(cfg: TrainingConfig) -> bool:
 
 
 def job_env(cfg: TrainingConfig, profile: ClusterProfile) -> dict[str, str]:
+    """The job's environment: the skills' defaults, the config's env (checked against the
+    policy: it is untrusted), then the profile's env (the user's own file, trusted)."""
+    check_env(cfg.env)
     env = dict(SKILL_ENV)
     if cuda_graphs_on(cfg):
         env["NCCL_GRAPH_REGISTER"] = "0"

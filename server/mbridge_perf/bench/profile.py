@@ -197,7 +197,8 @@ def load_profile(source: str | Path | Mapping[str, Any] | ClusterProfile) -> Clu
         if text in builtins:
             return builtins[text]
         path = Path(text)
-        if "\n" not in text and (path.suffix in (".yaml", ".yml") or path.exists()):
+        # a path only when it looks like one: a bare word never finds a file in the cwd
+        if "\n" not in text and (path.suffix in (".yaml", ".yml") or "/" in text):
             where = str(path)
             try:
                 text = path.read_text(encoding="utf-8")

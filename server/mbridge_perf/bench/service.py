@@ -7,16 +7,21 @@ registry, so any process — a restarted server, the CLI — can pick a run up a
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mbridge_perf.bench.contract import MeasurementContract, contract_from_config
+from pydantic import ValidationError
+
+from mbridge_perf.bench.contract import Job, MeasurementContract, contract_from_config
+from mbridge_perf.bench.envpolicy import EnvPolicyError, check_env
 from mbridge_perf.bench.executors import cancel_run, refresh_run, submit_run
-from mbridge_perf.bench.launch import render_script
+from mbridge_perf.bench.launch import job_env, render_script
 from mbridge_perf.bench.logparse import parse_iteration_line, parse_log, read_tail
-from mbridge_perf.bench.profile import ClusterProfile, ProfileError, load_profile
+from mbridge_perf.bench.profile import ClusterProfile, ProfileError, builtin_profiles, load_profile
 from mbridge_perf.bench.registry import Registry, RunNotFound, RunRecord
 from mbridge_perf.bench.reports import RunComparison, RunHandle, RunResult, RunStatus
 from mbridge_perf.bench.result import (
@@ -30,6 +35,7 @@ from mbridge_perf.config.model import TrainingConfig
 
 PROFILES_ENV = "MBRIDGE_PERF_PROFILES"
 POLL_AFTER_S = 30
+_PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]{0,63}")
 TAIL_BYTES = 65_536
 
 
@@ -43,21 +49,32 @@ def profile_dir() -> Path:
 
 
 def named_profile(name: str) -> ClusterProfile:
-    """A profile by name only: a built-in or `<name>.yaml` in the profile directory. Used by
-    the MCP tools, whose arguments come from a model: a profile's trusted setup lines must
-    come from a file the user wrote, never from a tool argument."""
-    if not name.replace("-", "").replace("_", "").isalnum():
-        raise BenchError(f"profile: {name!r} is not a profile name; use a built-in (cpu-test) "
-                         f"or the stem of a YAML file in {profile_dir()}")
+    """A profile by name only: a built-in or `<name>.yaml` in the profile directory — never a
+    path, never the working directory. Used by the MCP tools, whose arguments come from a
+    model: a profile's trusted setup lines must come from a file the user wrote."""
+    builtins = builtin_profiles()
+    if name in builtins:
+        return builtins[name]
+    if not _PROFILE_NAME.fullmatch(name):
+        raise BenchError(f"profile: {name[:64]!r} is not a profile name (letters, digits, '_', "
+                         f"'-'; no paths); use a built-in ({', '.join(builtins)}) or the stem "
+                         f"of a YAML file in {profile_dir()}")
     path = profile_dir() / f"{name}.yaml"
+    if not path.is_file():
+        raise BenchError(f"profile: no profile named {name!r}: built-ins are "
+                         f"{', '.join(builtins)}; others are {profile_dir()}/<name>.yaml "
+                         f"(${PROFILES_ENV})")
     try:
-        return load_profile(str(path) if path.is_file() else name)
+        return load_profile(path)
     except ProfileError as exc:
-        raise BenchError(f"profile: {exc}; profiles live in {profile_dir()} "
-                         f"(${PROFILES_ENV})") from None
+        raise BenchError(f"profile: {exc}") from None
 
 
 def resolve_profile(source: str | Path | Mapping[str, Any] | ClusterProfile) -> ClusterProfile:
+    """The CLI's profile: a bare name resolves exactly as over MCP (never to a file in the
+    working directory); a path (with a separator or a .yaml suffix) is the person's choice."""
+    if isinstance(source, str) and "/" not in source and not source.endswith((".yaml", ".yml")):
+        return named_profile(source)
     try:
         return load_profile(source)
     except ProfileError as exc:
@@ -65,7 +82,10 @@ def resolve_profile(source: str | Path | Mapping[str, Any] | ClusterProfile) -> 
 
 
 def _steps(cfg: TrainingConfig, steps: int | None, window: tuple[int, int]) -> int:
-    n = steps or cfg.train.train_iters or max(50, window[1])
+    if steps is not None and steps < 1:
+        raise BenchError(f"steps: {steps} is not a step count; ask for at least {window[1]} "
+                         "(the contract needs >= 50)")
+    n = steps if steps is not None else cfg.train.train_iters or max(50, window[1])
     if n < window[1]:
         raise BenchError(f"steps: {n} steps end before the steady-state window "
                          f"{window[0]}-{window[1]}; ask for at least {window[1]} (the contract "
@@ -76,10 +96,21 @@ def _steps(cfg: TrainingConfig, steps: int | None, window: tuple[int, int]) -> i
 def _contract(cfg: TrainingConfig, profile: ClusterProfile, window: tuple[int, int],
               label: str | None, versions: Mapping[str, str] | None, steps: int
               ) -> MeasurementContract:
-    sized = cfg.model_copy(update={"train": cfg.train.model_copy(update={"train_iters": steps})})
+    sized = cfg.model_copy(update={"train": cfg.train.model_copy(update={"train_iters": steps}),
+                                   "env": job_env(cfg, profile)})
+    setup = "\n".join(profile.setup)
+    job = Job(executor=profile.executor, launcher_args=list(profile.launcher_args),
+              srun_args=list(profile.srun_args),
+              setup_sha256=hashlib.sha256(setup.encode()).hexdigest() if setup else None)
+    known = {"container": profile.container_image} if profile.container_image else {}
     try:
-        return contract_from_config(sized, versions=dict(versions or {}), window=window,
-                                    label=label, launcher=profile.launcher)  # type: ignore[arg-type]
+        return contract_from_config(sized, versions={**known, **dict(versions or {})},
+                                    window=window, label=label, launcher=profile.launcher,
+                                    job=job)  # type: ignore[arg-type]
+    except ValidationError as exc:  # a contract part refused a value: say which, in words
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "contract"
+        raise BenchError(f"{where}: {err['msg'].removeprefix('Value error, ')}") from None
     except ValueError as exc:
         raise BenchError(f"contract: {exc}") from None
 
@@ -92,6 +123,10 @@ def submit(cfg: TrainingConfig, profile: ClusterProfile, *, registry: Registry |
     with validation errors is refused before anything reaches the cluster."""
     from mbridge_perf.rules import validate
 
+    try:
+        check_env(cfg.env)
+    except EnvPolicyError as exc:
+        raise BenchError(str(exc)) from None
     report = validate(cfg)
     if not report.ok:
         errs = "; ".join(f"{f.rule_id}: {f.message}" for f in report.findings
@@ -223,8 +258,8 @@ def parse(log: str | Path, *, window: tuple[int, int] = (41, 50),
         judged = evaluate(parsed, window=window, golden_tflops=golden_tflops,
                           regression_pct=regression_pct, num_gpus=num_gpus,
                           seq_length=seq_length, global_batch_size=global_batch_size)
-    except ValueError as exc:
-        raise BenchError(f"window: {exc}") from None
+    except ValueError as exc:  # its message names the argument (window, golden_tflops, …)
+        raise BenchError(str(exc)) from None
     return RunResult(run_id=None, state="parsed", result=judged,
                      evidence=evidence_bundle(judged), markdown=render_markdown(judged))
 

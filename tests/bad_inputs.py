@@ -1,0 +1,158 @@
+"""The bad-input corpus both doors are run on (tests/test_bad_input.py): bombs, encodings, key
+types, depths, numbers, sizes and injection strings — each a config text, an override, a
+perf-flag list or a tool argument a user or a steered assistant could send."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def alias_bomb(levels: int) -> str:
+    lines, prev = ["  a: &a [x, x, x, x, x, x, x, x, x]"], "a"
+    for name in "bcdefghijk"[:levels]:
+        lines.append(f"  {name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+        prev = name
+    return "dataset:\n" + "\n".join(lines) + "\n"
+
+
+def _many_aliases(n: int) -> str:
+    return "dataset:\n  a: &a 1\n  b: [" + ", ".join(["*a"] * n) + "]\n"
+
+
+def _nested(depth: int) -> str:
+    return "dataset:\n  a: " + "[" * depth + "]" * depth + "\n"
+
+
+def _nested_maps(depth: int) -> str:
+    return "dataset:\n  a: " + "{b: " * depth + "1" + "}" * depth + "\n"
+
+
+DENSE = "model:\n  num_layers: 4\n  hidden_size: 256\n  num_attention_heads: 8\n"
+
+# name → YAML text (a config file on the CLI, bridge_config text over MCP)
+CONFIG_TEXTS: dict[str, str] = {
+    "alias-bomb-8": alias_bomb(8),
+    "alias-bomb-5": alias_bomb(5),
+    "alias-self-reference": "dataset:\n  a: &a [*a]\n",
+    "alias-count-150": _many_aliases(150),
+    "depth-1000-lists": _nested(1000),
+    "depth-40-maps": _nested_maps(40),
+    "key-int-top": "1: 2\n",
+    "key-null-top": "~: x\n",
+    "key-bool-top": "true: x\n",
+    "key-int-nested": "model:\n  1: 2\n",
+    "key-list-complex": "? [a, b]\n: 1\n",
+    "top-level-list": "[1, 2, 3]\n",
+    "top-level-scalar": "42\n",
+    "empty": "",
+    "yaml-syntax": "model: [\n",
+    "yaml-tab-indent": "model:\n\tnum_layers: 2\n",
+    "python-tag": "model: !!python/object/apply:os.system ['touch ./pwned']\n",
+    "custom-tag": "model: !include /etc/passwd\n",
+    "tp-bool": DENSE + "  tensor_model_parallel_size: true\n",
+    "tp-string": DENSE + "  tensor_model_parallel_size: '4'\n",
+    "tp-float": DENSE + "  tensor_model_parallel_size: 4.0\n",
+    "tp-negative": DENSE + "  tensor_model_parallel_size: -1\n",
+    "tp-huge": DENSE + "  tensor_model_parallel_size: 1000000000000000000000000000000\n",
+    "layers-nan": "model:\n  num_layers: .nan\n",
+    "hidden-inf": "model:\n  hidden_size: .inf\n",
+    "dropout-nan": DENSE + "  attention_dropout: .nan\n",
+    "layout-repeat-huge": DENSE + "  pipeline_model_parallel_layout: E(t|)*99999999999L\n",
+    "layout-repeat-30m": DENSE + "  pipeline_model_parallel_layout: E(t|)*30000000L\n",
+    "layout-repeat-nested": DENSE + "  pipeline_model_parallel_layout: E((t|)*1000)*1000L\n",
+    "layout-repeat-digits": DENSE + "  pipeline_model_parallel_layout: E(t|)*" + "9" * 5000 + "L\n",
+    "layout-list-dict": DENSE + "  pipeline_model_parallel_layout: [[1, 2], {a: b}]\n",
+    "layout-number": DENSE + "  pipeline_model_parallel_layout: 7\n",
+    "seq-huge": DENSE + "  seq_length: 1000000000000\n",
+    "pp-over-layers": DENSE + "  pipeline_model_parallel_size: 100000\n",
+    "gbs-zero": DENSE + "train:\n  global_batch_size: 0\n",
+    "experts-zero": DENSE + "  num_moe_experts: 0\n",
+    "moe-layer-freq-eval": DENSE + "  num_moe_experts: 8\n  moe_layer_freq: '([1]*99999999999)'\n",
+    "env-hook-names": "env:\n  BASH_ENV: $(touch ./pwned)\n  LD_PRELOAD: /tmp/x.so\n",
+    "env-nested-value": "env:\n  A: {b: c}\n",
+    "env-vars-list": "env_vars: [1, 2]\n",
+    "unicode-section": "modèl:\n  num_layers: 2\n",
+    "long-key": "model:\n  " + "k" * 100_000 + ": 1\n",
+    "mixed-precision-int": "mixed_precision: 5\n",
+    "mixed-precision-unknown": "mixed_precision: bf17_mixed\n",
+    "recompute-modules-string": DENSE + "  recompute_granularity: selective\n"
+                                        "  recompute_modules: core_attn\n",
+    "recompute-modules-junk": DENSE + "  recompute_granularity: selective\n"
+                                      "  recompute_modules: [1, {a: b}]\n",
+    "graph-scope-mapping": DENSE + "  cuda_graph_scope: {a: b}\n",
+    "cluster-gpu-control": DENSE + "cluster:\n  gpu: \"H100\\n\\u0000\"\n",
+    "nul-bytes": "model:\n  num_layers: \"\\0\\0\"\n",
+    "size-2mb": "dataset:\n  blob: " + "x" * (2 << 20) + "\n",
+}
+
+# name → raw bytes of a config file (the CLI reads files; MCP arguments are text already)
+CONFIG_BYTES: dict[str, bytes] = {
+    "not-utf8": b"model:\n  num_layers: \xff\xfe\n",
+    "utf16-bom": "model:\n  num_layers: 2\n".encode("utf-16"),
+}
+
+# name → dotted overrides (CLI --set, MCP overrides)
+OVERRIDES: dict[str, list[str]] = {
+    "ov-layout-dict": ["model.pipeline_model_parallel_layout=[[1,2],{a: b}]"],
+    "ov-tp-bool": ["model.tensor_model_parallel_size=true"],
+    "ov-no-key": ["=5"],
+    "ov-empty-part": ["model..num_layers=3"],
+    "ov-alias-bomb": ["model.num_layers=" + alias_bomb(6).replace("\n", " ")],
+    "ov-env-injection": ["env.BASH_ENV=$(touch ./pwned)"],
+    "ov-delete-section": ["~model"],
+    "ov-deep-path": [".".join(["model"] + ["x"] * 200) + "=1"],
+    "ov-too-many": [f"model.num_layers={i % 7 + 1}" for i in range(2_000)],
+    "ov-layout-huge": ["model.pipeline_model_parallel_layout=E(t|)*99999999999L"],
+}
+
+# name → perf-harness flags (CLI after --, MCP perf_flags)
+FLAGS: dict[str, list[str]] = {
+    "flag-tp-word": ["-tp", "abc"],
+    "flag-tp-huge": ["-tp", "9" * 30],
+    "flag-missing-value": ["--recompute_modules"],
+    "flag-ng-negative": ["-ng", "-1"],
+    "flag-unknown": ["--zzz", "1"],
+}
+
+# MCP-only arguments: tool name → arguments (CLI flags for the same values are in the CLI list)
+TOOL_ARGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "imbalance-nan": ("estimate_memory", {"config": {"preset": "llama3-8b"}, "imbalance": "nan"}),
+    "imbalance-huge": ("estimate_memory", {"config": {"preset": "llama3-8b"}, "imbalance": 1e308}),
+    "gpu-path": ("estimate_memory", {"config": {"preset": "llama3-8b"}, "gpu": "../../etc/passwd"}),
+    "config-extra-key": ("validate_config", {"config": {"preset": "llama3-8b", "shell": "ls"}}),
+    "config-missing": ("validate_config", {}),
+    "preset-unknown": ("validate_config", {"config": {"preset": "llama99"}}),
+    "bridge-config-int": ("validate_config", {"config": {"bridge_config": 5}}),
+    "profile-path": ("submit_benchmark", {"config": {"preset": "llama3-8b"},
+                                          "profile": "../../evil"}),
+    "profile-cwd-file": ("submit_benchmark", {"config": {"preset": "llama3-8b"},
+                                              "profile": "evil"}),
+    "window-inverted": ("submit_benchmark", {"config": {"preset": "llama3-8b"},
+                                             "profile": "cpu-test", "window_start": 50,
+                                             "window_end": 41}),
+    "steps-zero": ("submit_benchmark", {"config": {"preset": "llama3-8b"},
+                                        "profile": "cpu-test", "steps": 0}),
+    "env-hook-submit": ("submit_benchmark", {
+        "config": {"preset": "llama3-8b", "overrides": ["env.BASH_ENV=$(touch ./pwned)"]},
+        "profile": "cpu-test", "dry_run": False}),
+    "run-id-injection": ("benchmark_status", {"run_id": "x'; rm -rf ~; echo '"}),
+    "run-id-unknown": ("benchmark_result", {"run_id": "0123456789abcdef"}),
+    "wait-huge": ("benchmark_status", {"run_id": "0123456789abcdef", "wait_s": 1e9}),
+}
+
+# CLI-only argument lists (the door's own flags)
+CLI_ARGS: dict[str, list[str]] = {
+    "cli-imbalance-nan": ["estimate", "--preset", "llama3-8b", "--imbalance", "nan"],
+    "cli-imbalance-inf": ["estimate", "--preset", "llama3-8b", "--imbalance", "inf"],
+    "cli-port-overflow": ["serve", "--http", "--port", "99999"],
+    "cli-stage-word": ["estimate", "--preset", "llama3-8b", "--stage", "zz"],
+    "cli-steps-zero": ["bench", "submit", "--preset", "llama3-8b", "--profile", "cpu-test",
+                       "--steps", "0"],
+    "cli-window-inverted": ["bench", "submit", "--preset", "llama3-8b", "--profile", "cpu-test",
+                            "--window", "50-41"],
+    "cli-golden-negative": ["bench", "parse", "/dev/null", "--golden-tflops", "-5"],
+    "cli-profile-missing": ["bench", "submit", "--preset", "llama3-8b", "--profile",
+                            "no-such-profile"],
+    "cli-registry-dir": ["bench", "list", "--registry", "/"],
+    "cli-missing-file": ["validate", "/no/such/file.yaml"],
+}

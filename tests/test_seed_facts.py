@@ -1,5 +1,6 @@
 """The seeds' measured numbers and representative layouts landed in the right skill: in the text
-the assistant reads (SKILL.md) and in the card the tools read (measured_results)."""
+the assistant reads (SKILL.md and the references/ files it links, all inside the skill folder)
+and in the card the tools read (measured_results)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mbridge_perf.skillpack.lint import numbers_in_text, numeric_leaves
+from mbridge_perf.skillpack.lint import numbers_in_text, numeric_leaves, readable_text
 from mbridge_perf.skillpack.pack import get_skill
 
 from helpers import REPO
@@ -44,6 +45,11 @@ SEED_NUMBERS: dict[str, tuple[str, ...]] = {
 }
 
 
+def _text(name: str) -> str:
+    """What an agent can read for this skill: SKILL.md plus its linked references."""
+    return readable_text(get_skill(REPO, name))
+
+
 def _card_numbers(name: str) -> set[Decimal]:
     card = get_skill(REPO, name).card
     return {abs(Decimal(repr(v))).normalize() for v in numeric_leaves(card["measured_results"])}
@@ -53,14 +59,14 @@ def _card_numbers(name: str) -> set[Decimal]:
 def test_seed_number_is_in_its_skill_and_card(number: str) -> None:
     value = abs(Decimal(number)).normalize()
     for name in SEED_NUMBERS[number]:
-        assert value in numbers_in_text(get_skill(REPO, name).body), f"{number} not in {name}"
+        assert value in numbers_in_text(_text(name)), f"{number} not in {name}"
         assert value in _card_numbers(name), f"{number} not in {name} card measured_results"
 
 
 def test_decimals_are_written_as_the_seed_writes_them() -> None:
     """Trailing zeros carry precision: 20.9920 s and 668.0 TFLOP/s stay as measured."""
-    assert "20.9920" in get_skill(REPO, WORKFLOW).body
-    assert "668.0" in get_skill(REPO, MEM).body
+    assert "20.9920" in _text(WORKFLOW)
+    assert "668.0" in _text(MEM)
 
 
 def test_unrelated_skills_do_not_claim_the_workflow_a_b() -> None:
@@ -93,12 +99,13 @@ def test_representative_long_context_layouts_are_in_the_long_context_skill(
     assert set(row["recompute_modules"]) <= {"core_attn", "moe_act", "layernorm", "mla_up_proj",
                                              "mlp", "moe", "shared_experts", "gdn_norm_out"}
     context = f"{layout['seq_length'] // 1024}K"
-    lines = [line for line in skill.body.splitlines()
+    lines = [line for line in _text(LONG).splitlines()
              if layout["model"].split()[0] in line and layout["gpu"] in line and context in line]
     cells = [[c.strip() for c in line.split("|")] for line in lines]
     wanted = [str(layout[k]) for k in ("tp", "cp", "ep", "pp", "vpp")]
     assert any(all(w in row for w in wanted) for row in cells), (
-        f"no SKILL.md table row gives {layout['model']} {context} on {layout['gpu']} as "
+        f"no SKILL.md / reference table row gives {layout['model']} {context} on "
+        f"{layout['gpu']} as "
         f"TP/CP/EP/PP/VPP {wanted}")
 
 
@@ -108,4 +115,4 @@ def test_dsv3_layouts_keep_expert_and_dense_meshes_consistent() -> None:
     world = dsv3_256k["ep"] * 1 * dsv3_256k["edp"] * dsv3_256k["pp"]
     dense_dp = world // (dsv3_256k["tp"] * dsv3_256k["cp"] * dsv3_256k["pp"])
     assert (world, dense_dp) == (512, 1)
-    assert "512" in get_skill(REPO, LONG).body
+    assert "512" in _text(LONG)

@@ -46,21 +46,32 @@ def npx(*args: str, cwd: Path) -> str:
 
 
 def test_skills_cli_lists_exactly_the_pack() -> None:
+    """Four skills, once each, although the CLI also reads .claude-plugin/ manifests."""
+    assert (REPO / ".claude-plugin" / "marketplace.json").is_file()
     out = npx("add", "./", "--list", cwd=REPO)
     assert f"Found {len(SKILL_NAMES)} skills" in out, out
     listed = set(re.findall(r"\bnemo-mbridge-[a-z0-9-]+\b", out))
     assert listed == set(SKILL_NAMES), out
 
 
+def _files(folder: Path) -> set[str]:
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts}
+
+
 @pytest.mark.parametrize("name", SKILL_NAMES)
-def test_skills_cli_installs_skill_card_and_evals_for_claude_code(name: str,
-                                                                  tmp_path: Path) -> None:
+def test_skills_cli_installs_skill_card_evals_and_references_for_claude_code(
+        name: str, tmp_path: Path) -> None:
     project = tmp_path / "project"
     project.mkdir()
     npx("add", str(REPO), "--skill", name, "-a", "claude-code", "-y", cwd=project)
     installed = project / ".claude" / "skills" / name
     source = REPO / "skills" / name
-    for rel in ("SKILL.md", "card.yaml", "evals/evals.json"):
+    files = _files(source)
+    assert {"SKILL.md", "card.yaml", "evals/evals.json"} <= files
+    assert any(f.startswith("references/") for f in files), "the split skill links references/"
+    assert _files(installed) == files
+    for rel in sorted(files):
         assert (installed / rel).read_bytes() == (source / rel).read_bytes(), rel
     others = {p.name for p in (project / ".claude" / "skills").iterdir()}
     assert others == {name}

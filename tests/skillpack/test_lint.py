@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from mbridge_perf.cli import main
-from mbridge_perf.skillpack.lint import lint, numbers_in_text, numeric_leaves
-from mbridge_perf.skillpack.pack import list_skills
+from mbridge_perf.skillpack.lint import linked_references, lint, numbers_in_text, numeric_leaves
+from mbridge_perf.skillpack.pack import get_skill, list_skills
 
 from helpers import REPO, SKILL_NAMES, tool
 
@@ -80,12 +80,13 @@ def _swap_checklist_entries(text: str) -> str:
 
 
 def _drop_measured_number(skill: Path) -> Callable[[str], str]:
-    """Remove from SKILL.md every spelling of one number that only measured_results holds."""
+    """Remove from SKILL.md every spelling of one measured number that no reference holds."""
     card = yaml.safe_load((skill / "card.yaml").read_text(encoding="utf-8"))
     body = (skill / "SKILL.md").read_text(encoding="utf-8")
     numbers = [v for t in card["measured_results"] for v in numeric_leaves(t["rows"])
                if isinstance(v, float) and "." in repr(v) and len(repr(v)) >= 4]
-    target = next(v for v in numbers if repr(v) in body)
+    refs = "".join(p.read_text(encoding="utf-8") for p in (skill / "references").glob("*.md"))
+    target = next(v for v in numbers if repr(v) in body and repr(v) not in refs)
     pattern = re.compile(rf"(?<![\d.]){re.escape(repr(target))}(?!\d)")
     return lambda text: pattern.sub("[removed]", text)
 
@@ -131,6 +132,18 @@ DEFECTS: dict[str, tuple[str, Callable[[Path], None]]] = {
             rf"  - name: {MEM}\n    path: skills/{MEM}\n(    seed: .*\n)?", "", t))),
     "skill-folder-without-skill-md": ("skills/stray", lambda p: (
         p / "skills/stray").mkdir()),
+    "link-to-missing-reference": (f"skills/{MEM}/SKILL.md", lambda p: _edit(
+        p / f"skills/{MEM}/SKILL.md", lambda t: t.replace(
+            "(references/levers.md)", "(references/lever.md)", 1))),
+    "link-leaves-the-skill-folder": (f"skills/{MEM}/SKILL.md", lambda p: _edit(
+        p / f"skills/{MEM}/SKILL.md", lambda t: t.replace(
+            "## Purpose\n", "## Purpose\n\nSee [the card](../../card.yaml).\n", 1))),
+    "reference-not-linked": (f"skills/{MEM}/references/extra.md", lambda p: (
+        p / f"skills/{MEM}/references/extra.md").write_text("# Extra\n")),
+    # the link is what makes the reference's numbers count: unlink it and they go missing
+    "unlinked-reference-numbers": (f"skills/{MEM}/SKILL.md", lambda p: _edit(
+        p / f"skills/{MEM}/SKILL.md", lambda t: t.replace(
+            "[references/measurements.md](references/measurements.md)", "the references", 1))),
 }
 
 
@@ -143,6 +156,25 @@ def test_seeded_defect_fails_lint_naming_the_file(
     assert code == 1, f"{defect}: lint passed"
     named = [line for line in lines if line.startswith(f"{pack / rel}: error: ")]
     assert named, f"{defect}: no error names {rel}: {lines}"
+
+
+def test_lint_follows_links_for_measured_numbers() -> None:
+    """79.2 GB (the estimator's total) lives only in a linked reference, and that suffices."""
+    skill = get_skill(REPO, MEM)
+    assert "79.2" not in skill.body
+    refs = linked_references(skill)
+    assert [p.name for p in refs] == ["levers.md", "measurements.md", "diagnosis.md"]
+    assert any("79.2" in p.read_text(encoding="utf-8") for p in refs)
+    assert lint(skill.path) == []
+
+
+@pytest.mark.parametrize("name", SKILL_NAMES)
+def test_every_skill_keeps_its_references_inside_its_folder(name: str) -> None:
+    skill = get_skill(REPO, name)
+    refs = linked_references(skill)
+    assert refs, f"{name} links no references/*.md"
+    assert all(p.parent == (skill.path / "references").resolve() for p in refs)
+    assert sorted(refs) == sorted(p.resolve() for p in (skill.path / "references").glob("*.md"))
 
 
 def test_checklist_defect_message_says_out_of_order(

@@ -509,26 +509,63 @@ def _gpu_spec(name: str) -> tuple[str, float, str]:
 _NOTES: dict[tuple[Any, ...], tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {}
 
 
-def estimate_memory(cfg: TrainingConfig, *, gpu: str | None = None,
-                    imbalance: float = 1.0) -> MemoryReport:
-    """Per-stage GPU memory of a training configuration (see the module docstring)."""
-    _require(cfg)
-    m = cfg.model
-    extras = m.__pydantic_extra__ or {}
-    p = resolve_precision(cfg)
-    gpu_name, capacity, arch = _gpu(cfg, gpu)
-    shape = model_shape(m)
-    place = placement(m)
-    c = context(cfg, imbalance=imbalance, precision=p, shape_kinds=shape.kinds)
-    assumptions: list[str] = []
-    warnings: list[str] = []
-    not_modeled = list(NOT_MODELED)
+@dataclass(slots=True)
+class _Setup:
+    """Everything resolved once per estimate, before any stage is priced: precision, GPU,
+    shape, placement, activation context, parallel sizes, state rates and the layout plan."""
 
-    # Derived's sizes, read once from the model
+    cfg: TrainingConfig
+    p: Any
+    gpu_name: str | None
+    capacity: float | None
+    arch: str | None
+    shape: Shape
+    place: Placement
+    c: ActContext
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int
+    vpp: int
+    world: int | None
+    is_moe: bool
+    dp: int
+    edp: int
+    mbs: int | None
+    rates: Any
+    vocab_rows: int
+    kinds: _Kinds
+    fp8_on: bool
+    bf16_lo: int
+    bf16_hi: int
+    plans: tuple[_StagePlan, ...]
+    assumptions: list[str]
+
+
+@dataclass(slots=True)
+class _Terms:
+    """Per-micro-batch bytes of the pieces a stage holds (embedding, loss, recompute-group
+    input, MTP) and the resident / transient extras, shared by every stage."""
+
+    emb_act: float
+    loss_act: float
+    loss_ws: float
+    ckpt: float
+    mtp_one: float
+    workspace: float
+    fsdp_ws: float
+    step_tmp: float
+    offload_layers: int
+
+
+def _sizes(cfg: TrainingConfig, assumptions: list[str]) -> tuple[Any, ...]:
+    """Derived's parallel sizes, read once from the model: (TP, PP, CP, EP, ETP, world, MoE?,
+    DP, expert DP, micro-batches per step or None)."""
+    m = cfg.model
     tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
     cp, ep = m.context_parallel_size, m.expert_model_parallel_size
     etp = m.expert_tensor_parallel_size or tp
-    vpp = len(place[0])
     world = cfg.cluster.num_gpus
     is_moe = m.num_moe_experts is not None and m.num_moe_experts > 0
     if world is None:
@@ -561,6 +598,22 @@ def estimate_memory(cfg: TrainingConfig, *, gpu: str | None = None,
     else:
         assumptions.append("train.global_batch_size or cluster.num_gpus not given: assumed "
                            "enough micro-batches to fill the pipeline")
+    return tp, pp, cp, ep, etp, world, is_moe, dp, edp, mbs
+
+
+def _resolve(cfg: TrainingConfig, gpu: str | None, imbalance: float) -> _Setup:
+    """Phase 1: resolve precision, GPU, derived sizes and the layout plan once up front."""
+    _require(cfg)
+    m = cfg.model
+    extras = m.__pydantic_extra__ or {}
+    p = resolve_precision(cfg)
+    gpu_name, capacity, arch = _gpu(cfg, gpu)
+    shape = model_shape(m)
+    place = placement(m)
+    c = context(cfg, imbalance=imbalance, precision=p, shape_kinds=shape.kinds)
+    assumptions: list[str] = []
+    vpp = len(place[0])
+    tp, pp, cp, ep, etp, world, is_moe, dp, edp, mbs = _sizes(cfg, assumptions)
     rates = state_rates(cfg, p, dp, edp)
     vocab_rows = int(m.vocab_size or 0)
     if extras.get("should_pad_vocab", True) is not False:
@@ -572,15 +625,18 @@ def estimate_memory(cfg: TrainingConfig, *, gpu: str | None = None,
     if fp8_on and p.first_last_layers_bf16:
         bf16_lo = min(p.num_layers_at_start_in_bf16, L)
         bf16_hi = max(L - p.num_layers_at_end_in_bf16, bf16_lo)
-    ep_etp = ep * etp
-    plans = _plan(shape, place, tp, ep_etp, vocab_rows, bf16_lo, bf16_hi, c.full, c.full_n,
+    plans = _plan(shape, place, tp, ep * etp, vocab_rows, bf16_lo, bf16_hi, c.full, c.full_n,
                   fp8_on)
-    group = extras.get("microbatch_group_size_per_vp_stage")
+    return _Setup(cfg, p, gpu_name, capacity, arch, shape, place, c, tp, pp, cp, ep, etp, vpp,
+                  world, is_moe, dp, edp, mbs, rates, vocab_rows, kinds, fp8_on, bf16_lo,
+                  bf16_hi, plans, assumptions)
 
-    e, n, h = c.e, c.n, c.h
-    tok = n / c.tsp
-    stats = (8 if c.layer_norm else 4) * tok
-    emb_act = 8 * n + (tok * h if c.hid_drop else 0.0)
+
+def _loss_terms(s: _Setup, tok: float, stats: float) -> tuple[float, float]:
+    """Bytes the loss keeps per micro-batch (saved) and its transient working set."""
+    m, c = s.cfg.model, s.c
+    extras = m.__pydantic_extra__ or {}
+    e, n, h, tp, vocab_rows = c.e, c.n, c.h, s.tp, s.vocab_rows
     te_ce = m.cross_entropy_loss_fusion and str(
         extras.get("cross_entropy_fusion_impl") or "native") == "te"
     # logits kept by the loss: FP32 softmax (Megatron's cross-entropy) or, with Transformer
@@ -594,87 +650,112 @@ def estimate_memory(cfg: TrainingConfig, *, gpu: str | None = None,
     loss_ws = 0.0 if te_ce else e * n * vocab_rows / tp
     if m.cross_entropy_loss_fusion and not te_ce:
         loss_ws += 4 * n * vocab_rows / tp
+    cfg = s.cfg
     ov_extra = (cfg.comm_overlap.__pydantic_extra__ or {}) if cfg.comm_overlap else {}
     defer = bool(cfg.comm_overlap and cfg.comm_overlap.defer_embedding_wgrad_compute) or bool(
         extras.get("defer_embedding_wgrad_compute"))
     if defer:
         # the output layer's weight gradient waits for up to wgrad_deferral_limit micro-batches
         # (0 = all of them): their logits gradients and inputs stay on the last stage
+        mbs = s.mbs
         limit = int(ov_extra.get("wgrad_deferral_limit") or extras.get("wgrad_deferral_limit")
                     or 0)
-        held = (mbs or pp) if not limit else (min(limit, mbs) if mbs else limit)
+        held = (mbs or s.pp) if not limit else (min(limit, mbs) if mbs else limit)
         loss_ws += held * (e * n * vocab_rows / tp + e * tok * h)
+    return loss_act, loss_ws
+
+
+def _terms(s: _Setup) -> _Terms:
+    """Phase 2: the per-micro-batch pieces every stage is priced from."""
+    m, c, shape, rates, tp = s.cfg.model, s.c, s.shape, s.rates, s.tp
+    e, n, h = c.e, c.n, c.h
+    tok = n / c.tsp
+    stats = (8 if c.layer_norm else 4) * tok
+    emb_act = 8 * n + (tok * h if c.hid_drop else 0.0)
+    loss_act, loss_ws = _loss_terms(s, tok, stats)
     ckpt = group_input_bytes(c)
     mtp_extra = 4 * e * tok * h + 2 * stats + loss_act + 8 * n
     mtp_layer = 0.0
     if shape.mtp_kind >= 0:
-        mtp_layer = ckpt if c.full is not None else kinds.total(shape.mtp_kind, False)
+        mtp_layer = ckpt if c.full is not None else s.kinds.total(shape.mtp_kind, False)
     offload_layers = m.cpu_offloading_num_layers if (
         m.cpu_offloading and m.cpu_offloading_activations) else 0
     workspace = ov.ALLOCATED_WORKSPACE.value * GIB
-    workspace_gib = workspace * _INV_GIB
     fsdp_ws = 0.0
     if rates.weight_shard_dense > 1:  # Megatron-FSDP: two layers all-gathered (and their grads)
+        ep_etp = s.ep * s.etp
         big = max(b.tp_sharded / tp + b.replicated + b.routed / ep_etp for b in shape.buckets)
         fsdp_ws = 2 * big * (rates.weight + rates.grad)
     step_tmp = 4.0 if rates.grad < 4 else 0.0
-    full = c.full
-    sel = full is None  # full recompute keeps the non-recomputed layers whole
-    tot_bf16, tot_fp8, ws_kind = kinds.vectors(sel, fp8_on)
-    r_w, r_w8, r_g, r_o = rates.weight, rates.fp8_weight, rates.grad, rates.optim
-    ws_d, ws_e = rates.weight_shard_dense, rates.weight_shard_expert
-    gs_d, gs_e = rates.grad_shard_dense, rates.grad_shard_expert
-    os_d, os_e = rates.dense_shard, rates.expert_shard
-    keep = 1.0 - rates.offload_fraction
-    mtp_one = mtp_extra + mtp_layer
+    return _Terms(emb_act, loss_act, loss_ws, ckpt, mtp_extra + mtp_layer, workspace, fsdp_ws,
+                  step_tmp, offload_layers)
+
+
+def _shared_part(s: _Setup, t: _Terms, sp: _StagePlan, unit: tuple[Any, ...],
+                 vectors: tuple[list[float], list[float], list[float]]) -> tuple[Any, ...]:
+    """What a stage costs from what it holds alone (shared with its twins): per-micro-batch
+    activations, working set, static state, the optimizer-step peak and the report's fields."""
+    tot_bf16, tot_fp8, ws_kind = vectors
+    rates = s.rates
+    units, groups_u, emb_u, loss_u, mtp_u = unit
+    per_mb = groups_u * t.ckpt + emb_u * t.emb_act + loss_u * t.loss_act + mtp_u * t.mtp_one
+    for k, u8, u16 in units:
+        per_mb += u8 * tot_fp8[k] + u16 * tot_bf16[k]
+    dense, expert, f8d, f8e = sp.dense, sp.expert, sp.fp8_dense, sp.fp8_expert
+    ws = max(map(ws_kind.__getitem__, sp.kinds), default=0.0)
+    if sp.output_layer and t.loss_ws > ws:
+        ws = t.loss_ws
+    ws += t.fsdp_ws
+    r_w, r_w8 = rates.weight, rates.fp8_weight
+    weights = ((dense - f8d) * r_w + f8d * r_w8) / rates.weight_shard_dense + (
+        (expert - f8e) * r_w + f8e * r_w8) / rates.weight_shard_expert
+    grads = rates.grad * (dense / rates.grad_shard_dense + expert / rates.grad_shard_expert)
+    optim_shard = dense / rates.dense_shard + expert / rates.expert_shard
+    optimizer = rates.optim * optim_shard * (1.0 - rates.offload_fraction)
+    static = weights + grads + optimizer
+    # what the stage holds, in field order; the per-stage entries are set by the caller
+    proto = {
+        "stage": 0, "layers": (), "layers_per_chunk": (), "embedding": sp.embedding,
+        "output_layer": sp.output_layer, "mtp_layers": sp.mtp_layers,
+        "params": int(dense + expert + 0.5), "expert_params": int(expert + 0.5),
+        "weights_gib": weights * _INV_GIB, "grads_gib": grads * _INV_GIB,
+        "optimizer_gib": optimizer * _INV_GIB, "static_gib": static * _INV_GIB,
+        "activation_per_microbatch_gib": per_mb * _INV_GIB,
+        "in_flight_microbatches": 0.0, "in_flight_per_chunk": (),
+        "activations_gib": 0.0, "embedding_activations_gib": 0.0, "logits_gib": 0.0,
+        "mtp_activations_gib": 0.0, "transient_gib": ws * _INV_GIB,
+        "workspace_gib": t.workspace * _INV_GIB, "peak_allocated_gib": 0.0,
+        "peak_phase": "forward_backward"}
+    step = static + t.workspace + t.step_tmp * optim_shard
+    return per_mb, ws, static, step, proto
+
+
+def _stages(s: _Setup, t: _Terms) -> tuple[list[StageMemory], int, float]:
+    """Phase 3: every stage's peak (forward/backward or optimizer step); stages that differ only
+    in their in-flight counts share what they hold. Returns the stages, the most-loaded one and
+    its peak (GiB)."""
+    group = (s.cfg.model.__pydantic_extra__ or {}).get("microbatch_group_size_per_vp_stage")
+    vectors = s.kinds.vectors(s.c.full is None, s.fp8_on)
+    tot_bf16, tot_fp8, _ = vectors
     stages: list[StageMemory] = []
     best, best_peak = 0, -1.0
-    weights_all = _stage_weights(plans, _all_in_flight(pp, vpp, mbs, group), full is None,
-                                 offload_layers)
+    weights_all = _stage_weights(s.plans, _all_in_flight(s.pp, s.vpp, s.mbs, group),
+                                 s.c.full is None, t.offload_layers)
     # one fields-set for this report's stages: it already names every field, so pydantic's
     # only in-place change (adding a field's name on assignment, and these are frozen) is a
     # no-op; a copy per stage was a large allocation each
     fields_set = _FIELDS_SET[StageMemory].copy()
     shared: dict[int, tuple[Any, ...]] = {}  # by twin: what depends only on what it holds
+    emb_act, loss_act, mtp_one, ckpt = t.emb_act, t.loss_act, t.mtp_one, t.ckpt
     for r, sp, counts, held, groups_w, emb_w, loss_w, mtp_w, twin, unit in weights_all:
         emb_part, loss_part, mtp_part = emb_w * emb_act, loss_w * loss_act, mtp_w * mtp_one
         activations = groups_w * ckpt + emb_part + loss_part + mtp_part
         for k, w8, w16 in held:
             activations += w8 * tot_fp8[k] + w16 * tot_bf16[k]
         if twin == r:
-            units, groups_u, emb_u, loss_u, mtp_u = unit
-            per_mb = groups_u * ckpt + emb_u * emb_act + loss_u * loss_act + mtp_u * mtp_one
-            for k, u8, u16 in units:
-                per_mb += u8 * tot_fp8[k] + u16 * tot_bf16[k]
-            dense, expert, f8d, f8e = sp.dense, sp.expert, sp.fp8_dense, sp.fp8_expert
-            ws = max(map(ws_kind.__getitem__, sp.kinds), default=0.0)
-            if sp.output_layer and loss_ws > ws:
-                ws = loss_ws
-            ws += fsdp_ws
-            weights = ((dense - f8d) * r_w + f8d * r_w8) / ws_d + (
-                (expert - f8e) * r_w + f8e * r_w8) / ws_e
-            grads = r_g * (dense / gs_d + expert / gs_e)
-            optim_shard = dense / os_d + expert / os_e
-            optimizer = r_o * optim_shard * keep
-            static = weights + grads + optimizer
-            # what the stage holds, in field order; the per-stage entries are set below
-            proto = {
-                "stage": 0, "layers": (), "layers_per_chunk": (), "embedding": sp.embedding,
-                "output_layer": sp.output_layer, "mtp_layers": sp.mtp_layers,
-                "params": int(dense + expert + 0.5), "expert_params": int(expert + 0.5),
-                "weights_gib": weights * _INV_GIB, "grads_gib": grads * _INV_GIB,
-                "optimizer_gib": optimizer * _INV_GIB, "static_gib": static * _INV_GIB,
-                "activation_per_microbatch_gib": per_mb * _INV_GIB,
-                "in_flight_microbatches": 0.0, "in_flight_per_chunk": (),
-                "activations_gib": 0.0, "embedding_activations_gib": 0.0, "logits_gib": 0.0,
-                "mtp_activations_gib": 0.0, "transient_gib": ws * _INV_GIB,
-                "workspace_gib": workspace_gib, "peak_allocated_gib": 0.0,
-                "peak_phase": "forward_backward"}
-            step = static + workspace + step_tmp * optim_shard
-            shared[r] = (per_mb, ws, static, step, proto)
-        else:
-            per_mb, ws, static, step, proto = shared[twin]
-        fb = static + activations + ws + workspace
+            shared[r] = _shared_part(s, t, sp, unit, vectors)
+        per_mb, ws, static, step, proto = shared[twin]
+        fb = static + activations + ws + t.workspace
         peak = fb if fb >= step else step
         pk = _INV_GIB * peak
         if pk > best_peak:
@@ -705,18 +786,37 @@ def estimate_memory(cfg: TrainingConfig, *, gpu: str | None = None,
         _setattr(stage, "__pydantic_extra__", None)
         _setattr(stage, "__pydantic_private__", None)
         stages.append(stage)
+    return stages, best, best_peak
 
-    most = best
-    peak_gib = best_peak
+
+@dataclass(slots=True)
+class _Fit:
+    band: tuple[float, float]
+    band_source: str
+    expandable: bool
+    context_c: ov.Constant
+    nccl: float
+    graph: float
+    over_total: float
+    fits: bool | None
+    fits_frag: bool | None
+    headroom: float | None
+
+
+def _fit(s: _Setup, stages: list[StageMemory], most: int, peak_gib: float,
+         warnings: list[str]) -> _Fit:
+    """Phase 4: the reserved band, overheads outside the allocator and the fit on the GPU."""
+    cfg, m = s.cfg, s.cfg.model
     expandable = ov.expandable_segments(cfg.env)
     (lo_f, hi_f), band_source = ov.RESERVED_BAND[expandable]
     band = (peak_gib * lo_f, peak_gib * hi_f)
-    context_c = ov.cuda_context(arch)
-    nccl = ov.nccl_bytes(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, edp=edp,
+    context_c = ov.cuda_context(s.arch)
+    nccl = ov.nccl_bytes(tp=s.tp, cp=s.cp, dp=s.dp, pp=s.pp, ep=s.ep, edp=s.edp,
                          alltoall=m.moe_token_dispatcher_type != "allgather")
     graph = _graph_pool(cfg, stages[most])
     over_total = context_c.value + nccl / GIB + graph
     fits = fits_frag = headroom = None
+    capacity = s.capacity
     if capacity is not None:
         need = peak_gib + over_total + band[0]
         fits = need <= capacity
@@ -733,10 +833,18 @@ def estimate_memory(cfg: TrainingConfig, *, gpu: str | None = None,
             warnings.append(f"does not fit: stage {most} needs {need:.1f} GiB (peak "
                             f"{peak_gib:.1f} + overheads {over_total:.1f} + reserved "
                             f"{band[0]:.1f}) of {capacity:.1f} GiB")
+    return _Fit(band, band_source, expandable, context_c, nccl, graph, over_total, fits,
+                fits_frag, headroom)
+
+
+def _config_notes(s: _Setup, f: _Fit) -> tuple[tuple[str, ...], tuple[str, ...],
+                                               tuple[str, ...]]:
+    """Phase 5: the config's warnings, assumptions and gaps (cached per what they read)."""
+    cfg, m, p, c, shape = s.cfg, s.cfg.model, s.p, s.c, s.shape
     o, dd = cfg.optimizer, cfg.ddp
-    note_key = (c, shape.kinds, expandable, arch, p.bf16, p.fp16, p.fp8, p.grad_reduce_in_fp32,
-                p.first_last_layers_bf16, is_moe, o.optimizer_cpu_offload,
-                o.optimizer_offload_fraction, dd.use_megatron_fsdp,
+    note_key = (c, shape.kinds, f.expandable, s.arch, p.bf16, p.fp16, p.fp8,
+                p.grad_reduce_in_fp32, p.first_last_layers_bf16, s.is_moe,
+                o.optimizer_cpu_offload, o.optimizer_offload_fraction, dd.use_megatron_fsdp,
                 dd.data_parallel_sharding_strategy, m.cpu_offloading,
                 m.cpu_offloading_num_layers, m.transformer_impl, m.seq_length,
                 m.multi_latent_attention, m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim)
@@ -745,20 +853,24 @@ def estimate_memory(cfg: TrainingConfig, *, gpu: str | None = None,
         w: list[str] = []
         a: list[str] = []
         nm: list[str] = []
-        _notes(cfg, Derived(cfg), c, shape, expandable, band_source, context_c, w, a, nm)
+        _notes(cfg, Derived(cfg), c, shape, f.expandable, f.band_source, f.context_c, w, a, nm)
         if len(_NOTES) > 512:
             _NOTES.clear()
         notes = _NOTES[note_key] = (tuple(w), tuple(a), tuple(nm))
-    warnings += notes[0]
-    assumptions += notes[1]
-    not_modeled += notes[2]
+    return notes
+
+
+def _layer_summary(s: _Setup) -> list[LayerKindActivation]:
+    """Per-layer activation of each layer kind (and FP8 / BF16 split)."""
+    shape, kinds, fp8_on = s.shape, s.kinds, s.fp8_on
+    L = shape.num_layers
     layer_summ = []
     for k, (mixer, mlp) in enumerate(shape.kinds):
         count = shape.prefix[k][-1]
         for fp8 in ((False, True) if fp8_on else (False,)):
             nk = count
             if fp8_on:
-                bf = shape.count(k, 0, bf16_lo) + shape.count(k, bf16_hi, L)
+                bf = shape.count(k, 0, s.bf16_lo) + shape.count(k, s.bf16_hi, L)
                 nk = count - bf if fp8 else bf
             if not nk:
                 continue
@@ -766,19 +878,36 @@ def estimate_memory(cfg: TrainingConfig, *, gpu: str | None = None,
             layer_summ.append(_make(LayerKindActivation, {
                 "mixer": mixer, "mlp": mlp, "fp8": fp8, "count": nk,
                 "per_layer_gib": layer_total * _INV_GIB, "terms_gib": dict(terms_gib)}))
+    return layer_summ
+
+
+def estimate_memory(cfg: TrainingConfig, *, gpu: str | None = None,
+                    imbalance: float = 1.0) -> MemoryReport:
+    """Per-stage GPU memory of a training configuration (see the module docstring): resolve
+    once, price the per-micro-batch pieces, every stage, then the fit and the notes."""
+    s = _resolve(cfg, gpu, imbalance)
+    t = _terms(s)
+    stages, most, peak_gib = _stages(s, t)
+    warnings: list[str] = []
+    f = _fit(s, stages, most, peak_gib, warnings)
+    notes = _config_notes(s, f)
+    warnings += notes[0]
+    assumptions = s.assumptions + list(notes[1])
+    not_modeled = list(NOT_MODELED) + list(notes[2])
     return _make(MemoryReport, {
         "per_stage": stages, "most_loaded_stage": most, "peak_allocated_gib": peak_gib,
-        "reserved_band_gib": band,
+        "reserved_band_gib": f.band,
         "overheads": _make(Overheads, {
-            "cuda_context_gib": context_c.value, "nccl_gib": nccl * _INV_GIB,
-            "cuda_graph_pool_gib": graph, "total_gib": over_total}),
-        "gpu": gpu_name, "gpu_capacity_gib": capacity, "fits": fits,
-        "fits_with_fragmentation": fits_frag, "headroom_gib": headroom,
-        "total_params": shape.total_params, "layer_activations": layer_summ,
-        "parallelism": {"world_size": world, "tensor": tp, "pipeline": pp,
-                        "virtual_pipeline": vpp, "context": cp, "expert": ep,
-                        "expert_tensor": etp, "data": dp,
-                        "expert_data": edp if is_moe else None, "num_microbatches": mbs},
+            "cuda_context_gib": f.context_c.value, "nccl_gib": f.nccl * _INV_GIB,
+            "cuda_graph_pool_gib": f.graph, "total_gib": f.over_total}),
+        "gpu": s.gpu_name, "gpu_capacity_gib": s.capacity, "fits": f.fits,
+        "fits_with_fragmentation": f.fits_frag, "headroom_gib": f.headroom,
+        "total_params": s.shape.total_params, "layer_activations": _layer_summary(s),
+        "parallelism": {"world_size": s.world, "tensor": s.tp, "pipeline": s.pp,
+                        "virtual_pipeline": s.vpp, "context": s.cp, "expert": s.ep,
+                        "expert_tensor": s.etp, "data": s.dp,
+                        "expert_data": s.edp if s.is_moe else None,
+                        "num_microbatches": s.mbs},
         "warnings": warnings, "assumptions": assumptions, "not_modeled": not_modeled})
 
 

@@ -21,7 +21,9 @@ pytestmark = pytest.mark.anyio
 
 SNAPSHOT = REPO / "tests" / "snapshots" / "tools_list.json"
 SKILL_URIS = {f"skill://{n}/{f}" for n in SKILL_NAMES for f in ("SKILL.md", "card.yaml")}
-EXPECTED_URIS = SKILL_URIS | {"mbridge-perf://rules", "mbridge-perf://presets"}
+REFERENCE_URIS = {f"skill://{n}/references/{p.name}" for n in SKILL_NAMES
+                  for p in (REPO / "skills" / n / "references").glob("*.md")}
+EXPECTED_URIS = SKILL_URIS | REFERENCE_URIS | {"mbridge-perf://rules", "mbridge-perf://presets"}
 
 # The seeds' case: Llama3 70B SFT on 32x H100, FP8 current scaling, TP4 PP4 VPP5 DP2.
 LLAMA70B = {
@@ -185,6 +187,21 @@ async def test_skill_resources_return_the_files_on_disk(client: Client) -> None:
         for rel in ("SKILL.md", "card.yaml"):
             text = (await client.read_resource(f"skill://{name}/{rel}")).contents[0].text
             assert text == (REPO / "skills" / name / rel).read_text(encoding="utf-8")
+
+
+async def test_every_reference_a_skill_md_links_is_a_resource(client: Client) -> None:
+    """A client that reads skills over MCP follows SKILL.md's relative links like a file reader."""
+    from mbridge_perf.skillpack.lint import linked_references
+    from mbridge_perf.skillpack.pack import get_skill
+
+    for name in SKILL_NAMES:
+        skill = get_skill(REPO, name)
+        refs = linked_references(skill)
+        assert refs, name
+        for path in refs:
+            rel = path.relative_to(skill.path.resolve()).as_posix()
+            text = (await client.read_resource(f"skill://{name}/{rel}")).contents[0].text
+            assert text == path.read_text(encoding="utf-8")
 
 
 async def test_rules_and_presets_resources_are_json(client: Client) -> None:

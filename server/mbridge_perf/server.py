@@ -358,6 +358,14 @@ def _register_resources(server: MCPServer, skills: list[Skill]) -> None:
                         description=f"Machine-readable card of {name}: answer checklist, "
                                     "measured results, constraints, rule ids.",
                         mime_type="application/yaml")(_reader(skill.path / CARD_FILE))
+        # SKILL.md links references/<file>.md; the same relative path resolves here
+        for ref in sorted((skill.path / "references").glob("*.md")):
+            rel = f"references/{ref.name}"
+            server.resource(f"skill://{name}/{rel}", name=f"{name}/{rel}",
+                            title=f"{name} ({rel})",
+                            description=f"Detail that {name}'s SKILL.md links to; read it "
+                                        "when the answer needs it.",
+                            mime_type="text/markdown")(_reader(ref))
 
     @server.resource("mbridge-perf://rules", name="rules", title="Validator rule catalog",
                      description="Every validate_config rule: id, severity, constraint ref, "

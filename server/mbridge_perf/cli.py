@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mbridge_perf import __version__
 
@@ -274,7 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http", action="store_true", help="serve streamable HTTP at /mcp instead")
     p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default loopback; "
                                                        "any other needs a token)")
-    p.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765)")
+    p.add_argument("--port", type=bounded(int, 1, 65535), default=8765,
+                   help="HTTP port, 1-65535 (default 8765)")
     p.add_argument("--token", help="bearer token HTTP clients must send (default: "
                                    "$MBRIDGE_PERF_TOKEN)")
     p.set_defaults(func=_cmd_serve)
@@ -285,10 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", metavar="FILE",
                    help="the config before your change (enables rules about the change)")
     p.add_argument("--list-rules", action="store_true", help="print the rule catalog")
-    p.set_defaults(func=_cmd_validate)
     p.add_argument("--mcore-version", default="0.19.2", metavar="X.Y.Z",
                    help="Megatron-Core release whose checks apply (default 0.19.2, the one "
                         "Megatron Bridge 0.6.2 ships; also 0.16.1)")
+    p.set_defaults(func=_cmd_validate)
 
     p = sub.add_parser("estimate", help="per-stage GPU memory of a training config",
                        description="Exit 0: fits (or no GPU given); 1: does not fit; "
@@ -296,8 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--gpu", help="GPU kind, e.g. H100, GB200 (default: cluster.gpu)")
     p.add_argument("--stage", help="show one pipeline stage in full: a number or 'last'")
-    p.add_argument("--imbalance", type=float, default=1.0,
-                   help="MoE routing imbalance: tokens on the busiest expert / mean (>= 1)")
+    p.add_argument("--imbalance", type=bounded(float, 1.0, 64.0), default=1.0,
+                   help="MoE routing imbalance: tokens on the busiest expert / mean (1-64)")
     p.set_defaults(func=_cmd_estimate)
 
     p = sub.add_parser("recommend", help="the recompute / memory ladder for a config",
@@ -334,14 +335,16 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--profile", required=True,
                    help="cluster profile: a built-in (cpu-test) or a YAML file")
     q.add_argument("--run", action="store_true", help="really submit (default: dry run)")
-    q.add_argument("--steps", type=int, help="training steps (default: train.train_iters or 50)")
+    q.add_argument("--steps", type=bounded(int, 1, 10_000_000),
+                   help="training steps (default: train.train_iters or 50)")
     q.add_argument("--window", default="41-50", help="steady-state window (default 41-50)")
     q.add_argument("--label", choices=["training-equivalent", "benchmark-only"])
     q.add_argument("--recipe", help="Megatron Bridge recipe for run_recipe.py, e.g. "
                                     "llama3_8b_pretrain_config")
     q = bench_cmd("status", "state and progress of a run")
     q.add_argument("run_id")
-    q.add_argument("--wait", type=float, default=0.0, help="poll up to this many seconds")
+    q.add_argument("--wait", type=bounded(float, 0.0, 86_400.0), default=0.0,
+                   help="poll up to this many seconds")
     for name, text in (("result", "judge a finished run"), ("parse", "judge any training log")):
         q = bench_cmd(name, text)
         if name == "result":
@@ -349,12 +352,15 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             q.add_argument("log")
             q.add_argument("--window", default="41-50", help="steady-state window")
-            q.add_argument("--num-gpus", type=int, help="for tokens/s/GPU")
-            q.add_argument("--seq-length", type=int, help="for tokens/s/GPU")
-            q.add_argument("--global-batch-size", type=int, help="for tokens/s/GPU")
-        q.add_argument("--golden-tflops", type=float, help="golden TFLOP/s/GPU to compare with")
-        q.add_argument("--regression-pct", type=float, default=5.0,
-                       help="allowed drop below golden (default 5)")
+            q.add_argument("--num-gpus", type=bounded(int, 1, 1 << 20), help="for tokens/s/GPU")
+            q.add_argument("--seq-length", type=bounded(int, 1, 1 << 24),
+                           help="for tokens/s/GPU")
+            q.add_argument("--global-batch-size", type=bounded(int, 1, 1 << 24),
+                           help="for tokens/s/GPU")
+        q.add_argument("--golden-tflops", type=bounded(float, 1e-3, 1e6),
+                       help="golden TFLOP/s/GPU to compare with (> 0)")
+        q.add_argument("--regression-pct", type=bounded(float, 0.0, 100.0), default=5.0,
+                       help="allowed drop below golden, 0-100 (default 5)")
     q = bench_cmd("cancel", "cancel a run this registry made")
     q.add_argument("run_id")
     q = bench_cmd("compare", "A/B of two finished runs")
@@ -362,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("run_b")
     q = bench_cmd("list", "recent runs")
     q.add_argument("--state", help="only runs in this state")
-    q.add_argument("--limit", type=int, default=20)
+    q.add_argument("--limit", type=bounded(int, 1, 10_000), default=20)
 
     p = sub.add_parser("presets", help="list the model presets")
     p.add_argument("--json", action="store_true", help="print every preset as JSON")
@@ -390,7 +396,67 @@ def main(argv: Sequence[str] | None = None) -> int:
     if flags and not hasattr(args, "overrides"):
         build_parser().error(f"{args.command} takes no perf-harness flags after --")
     args.flags = flags
-    return args.func(args)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The one error path: unusable input is exit 2 and one line; nothing escapes as a
+    traceback (MBRIDGE_PERF_DEBUG=1 shows one for a defect)."""
+    import os
+
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `… | head` closed the pipe: not an error of ours or the input
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 2
+    except (ValueError, OSError, RecursionError, MemoryError) as exc:
+        if os.environ.get("MBRIDGE_PERF_DEBUG") == "1":
+            raise
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        if os.environ.get("MBRIDGE_PERF_DEBUG") == "1":
+            raise
+        print(f"error: mbridge-perf could not handle this input ({type(exc).__name__}); "
+              "please report it with the input (MBRIDGE_PERF_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return 2
+
+
+def _one_line(exc: BaseException) -> str:
+    """Our errors already read as one line naming the field; others get their kind named."""
+    from mbridge_perf.config.errors import ConfigError
+
+    if isinstance(exc, ConfigError) or type(exc).__module__.startswith("mbridge_perf"):
+        return " ".join(str(exc).split())
+    if isinstance(exc, RecursionError | MemoryError):
+        return "the input is too deeply nested or too large to read; simplify it"
+    if isinstance(exc, OSError):
+        return f"{exc.filename or 'file'}: {exc.strerror or 'cannot be used'}"
+    return f"unusable input ({type(exc).__name__}); check the values you gave"
+
+
+def bounded(kind: type, low: float, high: float) -> Callable[[str], Any]:
+    """An argparse type: a finite number of ``kind`` in [low, high], else a message naming
+    the range (argparse puts the flag in front)."""
+    import math
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {'a whole number' if kind is int else 'a number'}, got {text!r}"
+            ) from None
+        if not (isinstance(value, int) or math.isfinite(value)) or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g}, got {text}")
+        return value
+
+    return parse
 
 
 if __name__ == "__main__":

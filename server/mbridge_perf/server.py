@@ -3,6 +3,7 @@ stdio / streamable-HTTP transports. No logic lives here that the CLI cannot reac
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import inspect
 import ipaddress
@@ -13,15 +14,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from mcp.shared.exceptions import MCPError
 from mcp.types import ToolAnnotations
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from mbridge_perf import __version__
 from mbridge_perf.advise.oom import OOMDiagnosis
 from mbridge_perf.advise.recompute import RecomputePlan
 from mbridge_perf.bench.reports import RunComparison, RunHandle, RunResult, RunStatus
-from mbridge_perf.config.errors import ConfigError
+from mbridge_perf.config.errors import ConfigError, type_problem
 from mbridge_perf.config.load import ConfigSource, load_source
 from mbridge_perf.memory.estimate import MemoryReport
 from mbridge_perf.rules.validate import ValidationReport
@@ -63,6 +65,82 @@ class PresetInfo(BaseModel):
 
 class PresetList(BaseModel):
     presets: list[PresetInfo]
+
+
+INVALID_PARAMS = -32602  # JSON-RPC: the request's parameters are wrong
+
+
+class GuardedServer(MCPServer):
+    """MCPServer whose errors read as ours: the SDK's argument-validation dump becomes one
+    line naming the argument; a bad prompt request is an invalid-params error saying what
+    to send, not "Internal server error"."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None
+                        ) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ValidationError) and not isinstance(exc, UnexpectedToolError):
+                raise ToolError(f"Error executing tool {name}: {argument_problem(cause)}"
+                                ) from cause
+            raise
+
+    async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None,
+                         context: Any = None) -> Any:
+        prompt = self._prompt_manager.get_prompt(name)
+        if prompt is None:
+            known = ", ".join(p.name for p in self._prompt_manager.list_prompts())
+            raise MCPError(INVALID_PARAMS, f"unknown prompt {name!r}; prompts are {known}")
+        missing = [a.name for a in prompt.arguments or []
+                   if a.required and not (arguments or {}).get(a.name)]
+        if missing:
+            raise MCPError(INVALID_PARAMS, f"prompt {name}: argument {missing[0]!r} is "
+                                           "required: describe the user's situation in it")
+        return await super().get_prompt(name, arguments, context)
+
+
+def argument_problem(exc: ValidationError) -> str:
+    """The first argument error as `field: problem. Fix …` — our words, never a dump."""
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or "arguments"
+    return f"{loc}: {type_problem(err)}. Fix that argument and call again."
+
+
+def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Every tool's one error path: our ValueErrors (ConfigError, BenchError, …) keep their
+    message; anything else becomes a message naming the tool, so no exception's repr ever
+    reaches the client (the traceback goes to the server log)."""
+    import functools
+
+    def problem(exc: BaseException) -> ToolError:
+        if isinstance(exc, ToolError):
+            return exc
+        if isinstance(exc, ValueError):
+            return ToolError(f"{' '.join(str(exc).split())}. Fix that and call again.")
+        if isinstance(exc, RecursionError | MemoryError):
+            return ToolError("the input is too deeply nested or too large to read; simplify "
+                             "it and call again")
+        log.exception("%s failed", fn.__name__)
+        return ToolError(f"{fn.__name__} could not handle this input ({type(exc).__name__}); "
+                         "the server log has the details")
+
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def run_async(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await fn(*args, **kwargs)
+            except Exception as exc:
+                raise problem(exc) from None
+        return run_async
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            raise problem(exc) from None
+    return run
 
 
 def _config(src: ConfigSource, what: str = "config") -> Any:
@@ -160,7 +238,7 @@ def _register_tools(server: MCPServer) -> list[str]:
     for fn, title, hints in tools:
         # cleandoc: the docstring is the description the assistant reads, without indentation
         server.tool(title=title, annotations=hints,
-                    description=inspect.cleandoc(fn.__doc__ or ""))(fn)
+                    description=inspect.cleandoc(fn.__doc__ or ""))(guarded(fn))
     return [fn.__name__ for fn, _, _ in tools]
 
 
@@ -434,7 +512,7 @@ def build_server(pack_root: Path | None = None) -> MCPServer:
     """The whole server; skill files are read on each request so edits show at once."""
     root = pack_root or find_pack_root()
     skills = list_skills(root)
-    server = MCPServer("mbridge-perf", version=__version__, instructions=INSTRUCTIONS)
+    server = GuardedServer("mbridge-perf", version=__version__, instructions=INSTRUCTIONS)
     tools = _register_tools(server)
     _register_resources(server, skills)
     _register_prompts(server, skills, tools)
@@ -467,20 +545,28 @@ class HttpGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
-                   for k, v in scope.get("headers", [])}
+        raw = {k.lower(): v for k, v in scope.get("headers", [])}
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in raw.items()}
         origin = headers.get("origin")
         if origin and not _local_origin(origin):
             await _reply(send, 403, "origin not allowed: only localhost pages may call this "
                                     "server")
             return
-        if self.token is not None:
-            given = headers.get("authorization", "")
-            scheme, _, value = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip(), self.token):
+        if self.token is not None:  # bytes on both sides: any token, any header, no 500
+            scheme, _, value = raw.get(b"authorization", b"").partition(b" ")
+            if scheme.lower() != b"bearer" or not _token_matches(value.strip(), self.token):
                 await _reply(send, 401, "missing or wrong bearer token", www_auth=True)
                 return
         await self.app(scope, receive, send)
+
+
+def _token_matches(given: bytes, token: str) -> bool:
+    """Constant-time compare of the header's bytes with the token as UTF-8 (what most
+    clients send) or Latin-1 (what some send for a non-ASCII header)."""
+    forms = {token.encode("utf-8")}
+    with contextlib.suppress(UnicodeEncodeError):
+        forms.add(token.encode("latin-1"))
+    return any([hmac.compare_digest(given, form) for form in forms])
 
 
 def _local_origin(origin: str) -> bool:

@@ -135,6 +135,20 @@ _LAYER_NAMES = {"embedding": "E", "decoder": "t", "mtp": "m", "loss": "L", "e": 
 _LAYOUT_REPEAT = re.compile(r"(\([^()]*\)|[A-Za-z])\*(\d+)")
 
 
+# Expanded layout length: PP·VPP stages of E/t/m/L symbols, bounded before any repeat is built
+MAX_LAYOUT_SYMBOLS = 100_000
+
+
+def _bounded_repeat(m: re.Match[str]) -> str:
+    """`(tt|)*29` → its expansion, refused before building when it would be absurd."""
+    body, count = m.group(1).strip("()"), m.group(2)
+    if len(count) > 6 or len(body) * int(count) > MAX_LAYOUT_SYMBOLS:
+        raise ValueError(f"pipeline_model_parallel_layout: repeat {m.group(0)[:40]!r} expands "
+                         f"to more than {MAX_LAYOUT_SYMBOLS:,} symbols; no model has that many "
+                         "layers")
+    return body * int(count)
+
+
 def parse_pipeline_layout(layout: str | list) -> list[list[str]]:
     """Expand a `pipeline_model_parallel_layout` into one list of layer symbols per virtual
     stage (PP·VPP stages, in schedule order): `E` embedding, `t` transformer layer, `m` MTP,
@@ -153,10 +167,13 @@ def parse_pipeline_layout(layout: str | list) -> list[list[str]]:
         return stages
     text = layout.replace(" ", "").replace(",", "")
     for _ in range(64):  # expand innermost repeats first
-        new = _LAYOUT_REPEAT.sub(lambda m: m.group(1).strip("()") * int(m.group(2)), text)
+        new = _LAYOUT_REPEAT.sub(_bounded_repeat, text)
         if new == text:
             break
         text = new
+        if len(text) > MAX_LAYOUT_SYMBOLS:
+            raise ValueError(f"pipeline_model_parallel_layout expands to more than "
+                             f"{MAX_LAYOUT_SYMBOLS:,} symbols; no model has that many layers")
     stages = text.split("|")
     bad = set("".join(stages)) - set("EtmL")
     if bad or "(" in text or "*" in text:

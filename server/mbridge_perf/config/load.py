@@ -20,7 +20,15 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mbridge_perf.config.errors import ConfigError, did_you_mean
+from mbridge_perf.config.errors import ConfigError, did_you_mean, type_problem
+from mbridge_perf.config.limits import (
+    MAX_DEPTH,
+    check_count,
+    check_size,
+    check_tree,
+    load_yaml,
+    max_config_bytes,
+)
 from mbridge_perf.config.model import CARRIED_SECTIONS, Section, TrainingConfig
 
 # Hydra / OmegaConf instantiation markers found in Bridge config dumps; not fields.
@@ -49,7 +57,7 @@ def known_fields() -> dict[str, frozenset[str]]:
 
 def read_yaml(text: str, source: str = "config") -> dict[str, Any]:
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, source)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -67,23 +75,46 @@ def read_yaml(text: str, source: str = "config") -> dict[str, Any]:
 def read_file(path: str | Path) -> dict[str, Any]:
     """A Bridge YAML/JSON config, or a Hugging Face config.json (architecture only)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(str(path), f"cannot read the file ({exc.strerror}); check the "
-                                     "path") from None
+    text = read_text(p, str(path))
     if p.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(str(path), f"not valid JSON at line {exc.lineno}: {exc.msg}"
-                              ) from None
+        data = read_json(text, str(path))
         if isinstance(data, dict) and ("architectures" in data or "model_type" in data):
             return {"model": hf_model_fields(data, str(path))}
         if not isinstance(data, dict):
             raise ConfigError(str(path), "expected a JSON object of sections")
         return data
     return read_yaml(text, str(path))
+
+
+def read_text(p: Path, source: str) -> str:
+    """A config file's text: size-checked before reading, UTF-8 or one clear error."""
+    try:
+        if p.is_file():
+            check_size(p.stat().st_size, source)
+        with p.open("rb") as fh:  # a FIFO or device is read only up to the limit
+            raw = fh.read(max_config_bytes() + 1)
+    except OSError as exc:
+        raise ConfigError(source, f"cannot read the file ({exc.strerror}); check the "
+                                  "path") from None
+    check_size(len(raw), source)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(source, f"not UTF-8 text (byte {raw[exc.start]:#04x} at offset "
+                                  f"{exc.start}); save the file as UTF-8") from None
+
+
+def read_json(text: str, source: str) -> Any:
+    check_size(len(text.encode("utf-8", "surrogatepass")), source)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(source, f"not valid JSON at line {exc.lineno}: {exc.msg}") from None
+    except RecursionError:
+        raise ConfigError(source, f"nested deeper than {MAX_DEPTH} levels; a Bridge config "
+                                  "is a few levels deep") from None
+    check_tree(data, source)
+    return data
 
 
 def hf_model_fields(data: Mapping[str, Any], source: str = "config.json") -> dict[str, Any]:
@@ -129,7 +160,7 @@ def parse_override(text: str) -> tuple[list[str], Any, bool]:
     if path[0] == "env":
         return path, value, False  # environment values stay strings, verbatim
     try:
-        parsed = yaml.safe_load(value) if value.strip() else ""
+        parsed = load_yaml(value, key) if value.strip() else ""
     except yaml.YAMLError:
         parsed = value
     return path, parsed, False
@@ -199,23 +230,6 @@ def _check_names(data: Mapping[str, Any]) -> None:
             raise ConfigError(f"{top}.{name}", "unknown field" + hint)
 
 
-def _type_problem(err: dict[str, Any]) -> str:
-    kind, ctx, got = err["type"], err.get("ctx", {}), err.get("input")
-    if kind in ("greater_than_equal", "greater_than"):
-        return f"must be ≥ {ctx.get('ge', ctx.get('gt'))}, got {got!r}"
-    if kind in ("less_than_equal", "less_than"):
-        return (f"{got!r} is beyond any real training run (limit "
-                f"{ctx.get('le', ctx.get('lt'))}); check the value")
-    if kind == "literal_error":
-        return f"got {got!r}; expected one of {ctx.get('expected')}"
-    if kind.endswith("_parsing") or kind.endswith("_type"):
-        want = kind.split("_")[0]
-        return f"expected {'a whole number' if want == 'int' else want}, got {got!r}"
-    if kind == "extra_forbidden":
-        return "unknown field"
-    return f"{err['msg']} (got {got!r})"
-
-
 def build(data: Mapping[str, Any]) -> TrainingConfig:
     """Turn a merged mapping into a TrainingConfig, or raise one ConfigError."""
     from mbridge_perf.config.bridge import normalise
@@ -234,7 +248,7 @@ def build(data: Mapping[str, Any]) -> TrainingConfig:
         err = exc.errors()[0]
         loc = [str(p) for p in err["loc"] if not str(p).endswith("Section") and not str(
             p).startswith(("str", "literal", "int", "list", "float", "bool", "function"))]
-        raise ConfigError(".".join(loc) or "config", _type_problem(err)) from None
+        raise ConfigError(".".join(loc) or "config", type_problem(err)) from None
 
 
 def load_config(*, preset: str | None = None, file: str | Path | None = None,
@@ -243,6 +257,8 @@ def load_config(*, preset: str | None = None, file: str | Path | None = None,
                 overrides: Sequence[str] = (), flags: Sequence[str] = ()) -> TrainingConfig:
     """Compose every input the user has, in the documented order, into one TrainingConfig."""
     merged: dict[str, Any] = {}
+    check_count(overrides, "overrides")
+    check_count(flags, "perf_flags")
     flag_overrides, flag_preset = ([], None)
     if flags:
         from mbridge_perf.config.flags import parse_perf_flags
@@ -259,6 +275,7 @@ def load_config(*, preset: str | None = None, file: str | Path | None = None,
     if data is not None:
         if not isinstance(data, Mapping):
             raise ConfigError("config", "expected a mapping of sections (model:, train:, …)")
+        check_tree(data, "config")
         merged = merge(merged, data)
     for item in overrides:
         path, value, delete = parse_override(item)

@@ -32,7 +32,9 @@ class Section(BaseModel):
     """Base for a config section: unknown names are kept (checked later against the real
     dataclass field lists) so a pasted Bridge dump round-trips."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True, validate_default=False)
+    # strict: `true` or "4" for a size is a mistake to report, not a value to coerce
+    model_config = ConfigDict(extra="allow", populate_by_name=True, validate_default=False,
+                              strict=True)
 
     def carried(self) -> dict[str, Any]:
         """Fields the user gave that this project does not model."""
@@ -258,6 +260,8 @@ CARRIED_SECTIONS = (
 class TrainingConfig(Section):
     """The one configuration type every tool reads. Other ConfigContainer sections
     (CARRIED_SECTIONS) are kept as given in the extras."""
+
+    model_config = ConfigDict(strict=False)  # sections arrive as mappings; each is strict
 
     model: ModelSection = Field(default_factory=ModelSection)
     train: TrainSection = Field(default_factory=TrainSection)

@@ -44,9 +44,15 @@ Placement = tuple[tuple[Chunk, ...], ...]
 
 
 def _freeze(value: Any) -> Any:
+    """Hashable for the cache; anything but text or lists of layer names is refused here
+    (the parse below names the field)."""
     if isinstance(value, list | tuple):
         return tuple(_freeze(v) for v in value)
-    return value
+    if value is None or isinstance(value, str | int):
+        return value
+    raise ConfigError("model.pipeline_model_parallel_layout",
+                      f"{value!r} is not a layer name; give one list of layer names per stage "
+                      "or the string form, e.g. 'Et|tt|tL'")
 
 
 def placement(m: ModelSection) -> Placement:

@@ -31,23 +31,32 @@ def _rank(u: Unit) -> tuple[int, int]:
     return (1 if u.late else 0, u.index)
 
 
+def _alternatives(term: str) -> list[list[str]]:
+    """``a|b`` = either; ``a&b`` = both in one unit (``|`` binds loosest)."""
+    alts = [[p for p in alt.split("&") if p.strip()] for alt in term.split("|")]
+    return [a for a in alts if a]
+
+
+def _matches(units: list[Unit], term: str, want_rec: bool) -> list[Match]:
+    out: list[Match] = []
+    for parts in _alternatives(term):
+        hits = [m for m in find(units, parts[0]) if m.recommended or not want_rec]
+        for other in parts[1:]:
+            with_other = {m.unit.index for m in find(units, other)
+                          if m.recommended or not want_rec}
+            hits = [m for m in hits if m.unit.index in with_other]
+        out += hits
+    return out
+
+
 def recommended(units: list[Unit], term: str, *, late_ok: bool = True) -> list[Match]:
-    """Recommended matches of a term, best rank first; ``a&b`` needs both in one unit."""
-    parts = [p for p in term.split("&") if p.strip()]
-    hits = [m for m in find(units, parts[0]) if m.recommended and (late_ok or not m.unit.late)]
-    for other in parts[1:]:
-        with_other = {m.unit.index for m in find(units, other) if m.recommended}
-        hits = [m for m in hits if m.unit.index in with_other]
-    return sorted(hits, key=lambda m: _rank(m.unit))
+    """Recommended matches of a term, best rank first."""
+    hits = [m for m in _matches(units, term, True) if late_ok or not m.unit.late]
+    return sorted(hits, key=lambda m: (_rank(m.unit), m.start))
 
 
 def mentioned(units: list[Unit], term: str) -> list[Match]:
-    parts = [p for p in term.split("&") if p.strip()]
-    hits = find(units, parts[0])
-    for other in parts[1:]:
-        with_other = {m.unit.index for m in find(units, other)}
-        hits = [m for m in hits if m.unit.index in with_other]
-    return hits
+    return sorted(_matches(units, term, False), key=lambda m: (m.unit.index, m.start))
 
 
 def _quote(terms: Iterable[str]) -> str:

@@ -68,7 +68,7 @@ def term_regex(term: str) -> re.Pattern[str]:
 # ---------------------------------------------------------------- cues
 
 _BREAK = re.compile(r";|\.\s|\?\s|!\s|\s[—–]\s|\s-\s|\)|\bbut\b|\bhowever\b|\bwhereas\b"
-                    r"|,\s*(?:then|so|and then|which|while|instead)\b")
+                    r"|,\s*(?:then|so|and then|which|while|instead|it|this|that)\b|:\s")
 _PREFIX = re.compile(
     r"\b(?:do not|don't|dont|does not|doesn't|never|avoid(?:ing)?|instead of|rather than|not|no|"
     r"without|nor|neither|reject(?:ed)?|against|stop|drop|disable|turn off|switch off|remove|"
@@ -92,10 +92,9 @@ _REPORTED = re.compile(
     r"the review bot|review bot|asked|runbook says|already)\b")
 _LATE = re.compile(
     r"only as a last resort|as a last resort|last resort|only if (?:it |the oom |the job |you |"
-    r"that |this )?still|only if the oom persists|if (?:it |the job |that )?still (?:ooms?|does "
-    r"not fit|doesn't fit|does not|is not enough)|only then|(?:a |as a )?later step|afterwards|"
-    r"if that is not enough|if that isn't enough|only when selective (?:recompute )?cannot fit|"
-    r"only if selective (?:recompute )?(?:cannot|can't|still)|last step|only after")
+    r"that |this )?still|only if the oom persists|(?:a |as a )later step|as a last step|"
+    r"only when selective (?:recompute )?(?:cannot|can't) fit|only if selective (?:recompute )?"
+    r"(?:cannot|can't|still)|only after")
 _NEG_HEADING = re.compile(r"\b(?:not|avoid|don't|do not|reject(?:ed)?|wrong|mistakes?|myths?|"
                           r"pitfalls?|never|incompatible|blocked|what not)\b")
 

@@ -5,9 +5,11 @@ called an A/B of one variable."""
 from __future__ import annotations
 
 from pathlib import Path
+from shlex import quote
 
 import pytest
 
+from bridge_corpus import dump_texts, dumps
 from mbridge_perf.bench import service
 from mbridge_perf.bench.contract import MeasurementContract
 from mbridge_perf.bench.envpolicy import EnvPolicyError, check_env, refusal
@@ -17,15 +19,17 @@ from mbridge_perf.bench.result import compare, evaluate_run
 from mbridge_perf.config.load import load_config
 
 FIXTURES = Path(__file__).parent / "fixtures"
-# Every env_vars name the real Megatron Bridge 0.6.2 recipe dumps set
-# (../shared/data/bridge-recipes/yaml/*.yaml, 404 files), plus the launcher's own defaults.
-BRIDGE_ENV_NAMES = (FIXTURES / "bridge_env_vars.txt").read_text().split()
+# Every env_vars name the real Megatron Bridge 0.6.2 recipe dumps set (tests/data corpus)
+BRIDGE_ENV_NAMES = sorted({name for d in dumps().values() for name in d.get("env_vars") or {}})
 LAUNCH_NAMES = ["CUDA_DEVICE_MAX_CONNECTIONS", "NVTE_ALLOW_NONDETERMINISTIC_ALGO",
                 "NCCL_GRAPH_REGISTER", "PYTORCH_CUDA_ALLOC_CONF", "OMP_NUM_THREADS",
                 "NCCL_DEBUG", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME",
                 "TORCH_NCCL_AVOID_RECORD_STREAMS",
                 "CUDA_VISIBLE_DEVICES", "NVTE_FUSED_ATTN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
                 "WANDB_MODE"]
+
+EOS = load_profile({"name": "eos", "executor": "slurm", "partition": "batch",
+                    "gpus_per_node": 8})
 
 BLOCKED = {
     "shell hooks": ["BASH_ENV", "ENV", "PROMPT_COMMAND", "PS4", "SHELLOPTS", "IFS", "CDPATH"],
@@ -68,17 +72,22 @@ def test_every_hook_class_is_refused_naming_the_variable(kind: str, name: str) -
         assert "cluster profile you own" in str(info.value)
 
 
-def test_a_job_rendered_from_real_env_vars_keeps_them(tmp_path: Path) -> None:
+def test_every_corpus_name_set_at_once_reaches_the_job() -> None:
     env_vars = {name: f"v{i}" for i, name in enumerate(BRIDGE_ENV_NAMES)}
     cfg = load_config(preset="llama3-8b", data={"env_vars": env_vars})
-    prof = load_profile({"name": "eos", "executor": "slurm", "partition": "batch",
-                         "gpus_per_node": 8})
-    handle = service.submit(cfg, prof, recipe="llama3_8b_pretrain_config")
+    handle = service.submit(cfg, EOS, recipe="llama3_8b_pretrain_config")
     for name, value in env_vars.items():
         assert f"export {name}={value}\n" in handle.script
-        if name.startswith(("NCCL_", "NVTE_", "CUDNNFE_", "NUM_OF_")) or name in (
-                "USE_MNNVL", "NVLINK_DOMAIN_SIZE", "PYTORCH_CUDA_ALLOC_CONF"):
-            assert handle.contract["environment"][name] == value
+        assert handle.contract["environment"][name] == value  # all of them affect speed
+
+
+def test_a_job_rendered_from_a_real_dump_keeps_its_env_vars() -> None:
+    name, text = max(dump_texts().items(), key=lambda kv: len(dumps()[kv[0]]["env_vars"] or {}))
+    env_vars = dumps()[name]["env_vars"]
+    assert len(env_vars) >= 5, name
+    handle = service.submit(load_config(text=text), EOS, recipe=name)
+    for var, value in env_vars.items():
+        assert f"export {var}={quote(str(value))}\n" in handle.script, var
 
 
 # ------------------------------------------------------------------ the contract and the profile

@@ -138,6 +138,21 @@ TOOL_ARGS: dict[str, tuple[str, dict[str, Any]]] = {
     "run-id-injection": ("benchmark_status", {"run_id": "x'; rm -rf ~; echo '"}),
     "run-id-unknown": ("benchmark_result", {"run_id": "0123456789abcdef"}),
     "wait-huge": ("benchmark_status", {"run_id": "0123456789abcdef", "wait_s": 1e9}),
+    "target-negative": ("recommend_recompute", {"config": {"preset": "llama3-8b"},
+                                                "target_gib": -5}),
+    "target-nan": ("recommend_recompute", {"config": {"preset": "llama3-8b"},
+                                           "target_gib": "nan"}),
+    "recommend-gpu-unknown": ("recommend_recompute", {"config": {"preset": "llama3-8b"},
+                                                      "gpu": "$(reboot)"}),
+    "recommend-bomb": ("recommend_recompute", {"config": {"bridge_config": alias_bomb(8)}}),
+    "oom-empty": ("diagnose_oom", {"text": ""}),
+    "oom-huge-garbage": ("diagnose_oom", {"text": "\x00\ufffd" * 1_500_000}),
+    "oom-regex-bait": ("diagnose_oom", {"text": "CUDA out of memory. Tried to allocate "
+                                                + "9" * 200_000 + " GiB"}),
+    "oom-many-ranks": ("diagnose_oom", {"text": "".join(
+        f"[Rank {i}] (after 2 iterations) memory (MB) | allocated: 1e9 | max allocated: "
+        f"nan | reserved: -1 | max reserved: inf\n" for i in range(20_000))}),
+    "oom-bad-config": ("diagnose_oom", {"text": "OOM", "config": {"bridge_config": "1: 2"}}),
 }
 
 # CLI-only argument lists (the door's own flags)

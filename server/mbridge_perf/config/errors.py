@@ -36,8 +36,10 @@ def type_problem(err: Mapping[str, Any]) -> str:
     kind, ctx, got = err["type"], err.get("ctx", {}), _Short(err.get("input"))
     if kind == "missing":
         return "required: give a value"
-    if kind in ("greater_than_equal", "greater_than"):
-        return f"must be ≥ {ctx.get('ge', ctx.get('gt'))}, got {got!r}"
+    if kind == "greater_than_equal":
+        return f"must be ≥ {ctx.get('ge')}, got {got!r}"
+    if kind == "greater_than":
+        return f"must be > {ctx.get('gt')}, got {got!r}"
     if kind in ("less_than_equal", "less_than"):
         return (f"{got!r} is beyond any real training run (limit "
                 f"{ctx.get('le', ctx.get('lt'))}); check the value")

@@ -16,7 +16,9 @@ nothing (tests/memory/test_recompute_deltas.py checks the same pairs from a copy
 from __future__ import annotations
 
 import csv
+import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -138,7 +140,27 @@ def main(argv: list[str] | None = None) -> int:
         mark = ("yes" if ok else "NO") if counts else "(not counted)"
         print(f"{pid:28s} {r['counts']:>6s} {meas:+9.2f} {est:+9.2f} {ratio}  {mark}")
     print(f"\ncounting pairs within ±35 % or ±1 GiB (sign kept beyond 1 GiB): {n_ok} / {n}")
+    _recommend_time()
     return 0
+
+
+def _recommend_time() -> None:
+    """One recommend_recompute on the seeds' case (examples/llama3_70b_sft_h100.yaml): cold
+    (first call in the process) and the median of warm calls (goal < 50 ms)."""
+    from mbridge_perf.advise.recompute import recommend_recompute
+
+    seed = Path(__file__).resolve().parents[1] / "examples" / "llama3_70b_sft_h100.yaml"
+    cfg = load_config(preset="llama3-70b", file=seed)
+    t0 = time.perf_counter()
+    plan = recommend_recompute(cfg)
+    cold = (time.perf_counter() - t0) * 1e3
+    warm = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        recommend_recompute(cfg)
+        warm.append((time.perf_counter() - t0) * 1e3)
+    print(f"recommend_recompute on the seed case ({len(plan.steps)} steps): first call "
+          f"{cold:.1f} ms, then median {statistics.median(warm):.1f} ms (goal < 50 ms)")
 
 
 if __name__ == "__main__":

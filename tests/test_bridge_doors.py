@@ -75,3 +75,11 @@ async def test_mcp_tools_on_real_dumps(client: Client) -> None:
     wan = await client.call_tool("validate_config",
                                  {"config": {"bridge_config": dump_texts()[WAN]}})
     assert wan.is_error and "WanModelProvider" in wan.content[0].text
+
+
+def test_the_example_dump_is_bridges_own_and_is_ok() -> None:
+    example = REPO / "examples" / f"{DENSE.removesuffix('_config')}_bridge_dump.yaml"
+    assert example.read_text() == dump_texts()[DENSE]  # as Bridge wrote it
+    proc = subprocess.run([tool("mbridge-perf"), "validate", str(example), "--json"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and '"ok": true' in proc.stdout

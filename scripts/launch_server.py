@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
-import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -101,6 +98,9 @@ def install_lock(folder: Path):
 
 def run_logged(cmd: list[str], log: IO[str], deadline: float, what: str) -> None:
     """Run one install step, its output to the log and the headline lines to stderr."""
+    import re
+    import subprocess
+    import time
     log.write(f"$ {' '.join(cmd)}\n")
     log.flush()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -126,6 +126,8 @@ def run_logged(cmd: list[str], log: IO[str], deadline: float, what: str) -> None
 
 
 def install(venv: Path, key: str) -> None:
+    import time  # install-path imports stay out of the warm start
+
     folder = venv.parent
     started = time.monotonic()
     deadline = started + INSTALL_TIMEOUT_S

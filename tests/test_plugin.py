@@ -81,14 +81,16 @@ def test_mcp_json_starts_the_launcher_from_the_plugin_root() -> None:
     (name, server), = _json(".mcp.json")["mcpServers"].items()
     assert name == "mbridge"  # tools stay mcp__mbridge__<tool>, as the skills and evals name them
     assert server["command"] == "python3"
-    assert server["args"] == [f"{PLUGIN_ROOT_VAR}/scripts/launch_server.py"]
+    # isolated: no PYTHON* variables, no site-packages; the launcher needs only the stdlib
+    assert server["args"] == ["-I", "-S", f"{PLUGIN_ROOT_VAR}/scripts/launch_server.py"]
     assert LAUNCHER.is_file()
 
 
 def test_session_start_hook_only_prepares_the_venv() -> None:
     (entry,) = _json("hooks/hooks.json")["hooks"]["SessionStart"]
     (hook,) = entry["hooks"]
-    assert hook["command"] == f'python3 "{PLUGIN_ROOT_VAR}/scripts/launch_server.py" --prepare'
+    launcher = f'"{PLUGIN_ROOT_VAR}/scripts/launch_server.py"'
+    assert hook["command"] == f"python3 -I -S {launcher} --prepare"
 
 
 def test_server_json_follows_the_registry_schema() -> None:
@@ -133,7 +135,7 @@ def tools_via_launcher(env: dict[str, str], timeout: float) -> tuple[list[str], 
     """Start the launcher like a client does; return (tool names, stderr, seconds to tools/list).
     stdout must carry JSON-RPC only."""
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, str(LAUNCHER)], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-I", "-S", str(LAUNCHER)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stdin and proc.stdout and proc.stderr
     watchdog = threading.Timer(timeout, proc.kill)

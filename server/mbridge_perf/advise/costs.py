@@ -69,12 +69,19 @@ def measured_module_cost(m: ModelSection, module: str) -> ThroughputCost | None:
     return None
 
 
-def _layer_flops(m: ModelSection) -> list[dict[str, float]]:
-    """Forward FLOPs per token of each layer, by recompute label."""
+def _layer_flops(m: ModelSection) -> list[tuple[int, dict[str, float]]]:
+    """Forward FLOPs per token of each kind of layer, by recompute label, with its count
+    (one parameter count per kind: layers of a kind are alike)."""
     seq = int(m.seq_length or 0)
     heads = int(m.num_attention_heads or 1)
+    kinds = layer_kinds(m)
+    first: dict[object, int] = {}
+    counts: dict[object, int] = {}
+    for i, kind in enumerate(kinds):
+        first.setdefault(kind, i)
+        counts[kind] = counts.get(kind, 0) + 1
     out = []
-    for i, kind in enumerate(layer_kinds(m)):
+    for kind, i in first.items():
         p = layer_params(m, i)
         f: dict[str, float] = {"attn_linear": 2.0 * p.attention, "norms": 0.0}
         if kind.mixer in ("attention", "mla"):
@@ -90,8 +97,11 @@ def _layer_flops(m: ModelSection) -> list[dict[str, float]]:
         elif kind.mlp == "moe":
             f["moe"] = 2.0 * (m.moe_router_topk * p.routed_per_expert + p.shared_experts)
             f["shared_experts"] = 2.0 * p.shared_experts
-        out.append(f)
+        out.append((counts[kind], f))
     return out
+
+
+_NOT_IN_FWD = ("mla_up_proj", "shared_experts")  # parts of attn_linear / moe, not extra
 
 
 def estimated_cost(cfg: TrainingConfig, modules: list[str], *, full_layers: float = 0.0,
@@ -100,15 +110,12 @@ def estimated_cost(cfg: TrainingConfig, modules: list[str], *, full_layers: floa
     chunk's layers (fraction 0..1, full recompute) over the step's FLOPs (3x forward)."""
     m = cfg.model
     layers = _layer_flops(m)
-    fwd = sum(sum(v for k, v in f.items() if k not in ("mla_up_proj", "shared_experts"))
-              for f in layers)
-    fwd += 2.0 * (m.hidden_size or 0) * (m.vocab_size or 0)
+    fwd = sum(n * sum(v for k, v in f.items() if k not in _NOT_IN_FWD) for n, f in layers)
     if full_layers:
-        redo = full_layers * sum(sum(v for k, v in f.items()
-                                     if k not in ("mla_up_proj", "shared_experts"))
-                                 for f in layers)
+        redo = full_layers * fwd
     else:
-        redo = sum(f.get(mod, 0.0) for f in layers for mod in modules)
+        redo = sum(n * f.get(mod, 0.0) for n, f in layers for mod in modules)
+    fwd += 2.0 * (m.hidden_size or 0) * (m.vocab_size or 0)
     pct = 100.0 * redo / (3.0 * fwd) if fwd else 0.0
     what = "full-layer" if full_layers else "+".join(modules)
     text = (f"~{pct:.1f} % more compute (estimate: {what} recompute FLOPs / step FLOPs)"

@@ -245,3 +245,18 @@ def test_overrides_are_pasteable() -> None:
             again = load_config(preset="llama3-70b", file=SEED, overrides=s.overrides)
             assert again == apply_changes(cfg, s.config_changes) or all(
                 re.match(r"^[a-z_]+\.[\w.]+=", o) for o in s.overrides)
+
+
+def test_distributed_optimizer_comes_before_recompute_when_dp_is_above_one() -> None:
+    cfg = load_config(preset="moonlight-16b-a3b", overrides=[
+        *CLUSTER, "model.moe_grouped_gemm=true", "model.expert_model_parallel_size=8",
+        "model.tensor_model_parallel_size=1", "model.seq_length=4096",
+        "train.global_batch_size=64"])
+    plan = recommend_recompute(cfg, target_gib=20)
+    rungs = [s.rung for s in plan.steps]
+    assert rungs[:2] == ["allocator", "distributed_optimizer"]
+    assert plan.steps[1].est_saving_gib > 5
+    full = next(s for s in plan.steps if s.rung == "full")
+    assert full.builds_on == 1  # on the sharded optimizer, not on the selective steps
+    for s, c in zip(plan.steps, step_configs(cfg, plan), strict=True):
+        assert validate(c).ok, s.action

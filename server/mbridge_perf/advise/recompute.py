@@ -42,7 +42,8 @@ class RecomputeStep(BaseModel):
     """One rung: the change, what it leaves on the most-loaded stage, what it costs."""
 
     index: int
-    rung: Literal["allocator", "selective", "full", "optimizer_offload", "activation_offload"]
+    rung: Literal["allocator", "distributed_optimizer", "selective", "full", "optimizer_offload",
+                  "activation_offload"]
     action: str
     config_changes: dict[str, Any] = Field(description="dotted Bridge keys -> values, on top "
                                                        "of the steps before (unless "
@@ -116,6 +117,15 @@ class _Ladder:
 
     def last(self) -> int | None:
         return len(self.steps) - 1 if self.steps else None
+
+    def before_recompute(self) -> int | None:
+        """The last step that changes no recompute setting (allocator, optimizer sharding):
+        what full recompute and activation offload build on instead of selective."""
+        idx = None
+        for st in self.steps:
+            if st.rung in ("allocator", "distributed_optimizer"):
+                idx = st.index
+        return idx
 
 
 def _price(cfg: TrainingConfig, gpu: str | None) -> _Priced:
@@ -191,6 +201,35 @@ def _allocator(lad: _Ladder) -> None:
                    f"the band above the {lad.base.peak:.1f} GiB peak narrows from "
                    f"{lo:.1f}-{hi:.1f} to {lo2:.1f}-{hi2:.1f} GiB. Borderline OOMs are mostly "
                    "fragmentation (the Llama3 70B SFT OOM at 58.8 GB on 80 GB was).")
+
+
+def _distributed_optimizer(lad: _Ladder) -> None:
+    """Shard master weights and Adam moments over the data-parallel ranks when DP > 1: about
+    free in step time (reduce-scatter + all-gather instead of one all-reduce)."""
+    cfg = lad.user
+    if cfg.optimizer.use_distributed_optimizer or cfg.ddp.use_megatron_fsdp:
+        return
+    par = lad.base.report.parallelism
+    if (par.get("data") or 1) * (par.get("context") or 1) <= 1:
+        lad.skipped.append("distributed optimizer: DP x CP = 1, nothing to shard over")
+        return
+    on = lad.last()
+    changes = {"optimizer.use_distributed_optimizer": True,
+               "ddp.use_distributed_optimizer": True}
+    priced, why = _try(lad, on, changes)
+    if priced is None:
+        lad.skipped.append(f"distributed optimizer: {why}")
+        return
+    _add(lad, on, priced, rung="distributed_optimizer",
+         action="Enable the distributed optimizer (use_distributed_optimizer=true)",
+         changes=changes, skill=MEMORY,
+         cost=ThroughputCost(pct=None, basis="none", text="about none: gradients are "
+                             "reduce-scattered and parameters all-gathered instead of one "
+                             "all-reduce of the same volume; not measured in the skills",
+                             source="-"),
+         rationale=f"Master weights and Adam moments are sharded over DP x CP = "
+                   f"{(par.get('data') or 1) * (par.get('context') or 1)} ranks instead of "
+                   "replicated on each.")
 
 
 def _selective_order(lad: _Ladder) -> list[str]:
@@ -301,7 +340,7 @@ def _graph_fix(cfg: TrainingConfig) -> dict[str, Any]:
 
 
 def _full(lad: _Ladder) -> None:
-    on = lad.steps[0].index if lad.steps and lad.steps[0].rung == "allocator" else None
+    on = lad.before_recompute()
     base = lad.at(on)
     m = base.cfg.model
     chunk = max((len(c.layers) for c in _chunks(base.cfg)), default=1)
@@ -378,8 +417,8 @@ def _optimizer_offload(lad: _Ladder) -> None:
 
 
 def _activation_offload(lad: _Ladder) -> None:
-    cfg = lad.at(lad.steps[0].index if lad.steps and lad.steps[0].rung == "allocator"
-                 else None).cfg
+    on = lad.before_recompute()
+    cfg = lad.at(on).cfg
     m = cfg.model
     if m.pipeline_model_parallel_size > 1:
         lad.skipped.append("layer CPU activation offload (model.cpu_offloading): needs "
@@ -390,7 +429,6 @@ def _activation_offload(lad: _Ladder) -> None:
         lad.skipped.append("layer CPU activation offload: CUDA graphs other than full_iteration "
                            "(offload.cpu-excludes-cuda-graphs)")
         return
-    on = 0 if lad.steps and lad.steps[0].rung == "allocator" else None
     layers = len(layer_kinds(m))
     priced = changes = None
     for k in range(1, layers):
@@ -448,7 +486,8 @@ def recommend_recompute(cfg: TrainingConfig, target_gib: float | None = None, *,
     errors = [f for f in validate(cfg).findings if f.severity == "error"]
     lad = _Ladder(user=cfg, budget=budget, gpu=gpu, base=base,
                   base_errors=frozenset(f.rule_id for f in errors))
-    for rung in (_allocator, _selective, _full, _optimizer_offload, _activation_offload):
+    for rung in (_allocator, _distributed_optimizer, _selective, _full, _optimizer_offload,
+                 _activation_offload):
         rung(lad)
     first = next((s.index for s in lad.steps if s.fits), None)
     if first is None:

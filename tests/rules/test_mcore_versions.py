@@ -112,3 +112,25 @@ def test_an_unknown_release_is_one_clear_error(given: str, words: str) -> None:
     with pytest.raises(ConfigError) as info:
         validate(load_config(data={"model": M}), mcore_version=given)
     assert info.value.field == "mcore_version" and words in info.value.problem
+
+
+@pytest.mark.parametrize(("field", "value"), [("moe_router_score_function", "sqrtsoftplus"),
+                                              ("moe_flex_dispatcher_backend", "ncclep")])
+def test_a_value_newer_than_the_release_is_an_error(field: str, value: str) -> None:
+    cfg = {"model": {**M, "num_moe_experts": 8, "moe_ffn_hidden_size": 64,
+                     "moe_token_dispatcher_type": "flex", field: value}}
+    assert "release.value-not-in-release" not in errors(cfg)
+    report = validate(load_config(data=cfg), mcore_version="0.16.1")
+    hit = [f for f in report.findings if f.rule_id == "release.value-not-in-release"]
+    assert hit and "needs Megatron-Core 0.19.2" in hit[0].message
+    assert hit[0].fields == [f"model.{field}"]
+
+
+def test_deprecated_sm_knobs_are_info_and_conflicting_ones_an_error() -> None:
+    moe = {**M, "num_moe_experts": 8, "moe_ffn_hidden_size": 64}
+    one = validate(load_config(data={"model": {**moe, "moe_hybridep_num_sms": 32}}))
+    assert [f.severity for f in one.findings if f.rule_id == "moe.deprecated-num-sms"] == [
+        "info"]
+    both = {"model": {**moe, "moe_hybridep_num_sms": 32, "moe_deepep_num_sms": 20}}
+    assert "moe.deprecated-num-sms" in errors(both)
+    assert "moe.deprecated-num-sms" not in errors(both, "0.16.1")  # fields of their own there

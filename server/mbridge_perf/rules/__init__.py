@@ -19,6 +19,7 @@ from mbridge_perf.rules import (  # noqa: F401, I001
     cp,
     packing,
     misc,
+    release,
 )
 from mbridge_perf.rules.catalog import RULES, Rule, get_rule
 from mbridge_perf.rules.validate import Finding, ValidationReport, validate

@@ -133,12 +133,17 @@ def _ncclep_needs_flex(c: TrainingConfig, d: Derived) -> Violation | None:
                      "deepep/hybridep)")
 
 
-@rule("moe.deprecated-num-sms", "warning", ref="I6", source="megatron-core",
+@rule("moe.deprecated-num-sms", "error", ref="I6", source="megatron-core",
       fields=("model.moe_deepep_num_sms", "model.moe_hybridep_num_sms",
               "model.moe_flex_dispatcher_num_sms"), skill=WORKFLOW,
       summary="moe_deepep_num_sms / moe_hybridep_num_sms are deprecated for "
-              "moe_flex_dispatcher_num_sms")
+              "moe_flex_dispatcher_num_sms (0.19); conflicting values are refused")
 def _deprecated_num_sms(c: TrainingConfig, d: Derived) -> Violation | None:
+    # 0.19 routes either knob to moe_flex_dispatcher_num_sms with a deprecation warning (info
+    # here) and raises only when both differ and the new knob is unset; before 0.19 they are
+    # the fields themselves.
+    if d.mcore.key < (0, 19):
+        return None
     old = {n: _flag(c, n) for n in ("moe_deepep_num_sms", "moe_hybridep_num_sms")
            if _flag(c, n) is not None}
     if not old:
@@ -146,9 +151,10 @@ def _deprecated_num_sms(c: TrainingConfig, d: Derived) -> Violation | None:
     conflict = len(set(map(str, old.values()))) > 1 and _flag(
         c, "moe_flex_dispatcher_num_sms") is None
     given = ", ".join(f"{k}={v}" for k, v in old.items())
-    return Violation(f"{given} set" + (" with different values (the pinned MCore refuses "
+    return Violation(f"{given} set" + (" with different values (Megatron-Core refuses "
                                         "this)" if conflict else "") + "; these are deprecated",
-                     "set model.moe_flex_dispatcher_num_sms once and drop the old knobs")
+                     "set model.moe_flex_dispatcher_num_sms once and drop the old knobs",
+                     severity=None if conflict else "info")
 
 
 @rule("moe.shared-overlap-dispatcher", "error", ref="I7", source="megatron-core",

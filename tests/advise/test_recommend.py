@@ -260,3 +260,25 @@ def test_distributed_optimizer_comes_before_recompute_when_dp_is_above_one() -> 
     assert full.builds_on == 1  # on the sharded optimizer, not on the selective steps
     for s, c in zip(plan.steps, step_configs(cfg, plan), strict=True):
         assert validate(c).ok, s.action
+
+
+@pytest.mark.parametrize(("preset", "extra", "target"), [
+    ("qwen3-30b-a3b", ["model.moe_grouped_gemm=true", "model.expert_model_parallel_size=8",
+                       "model.seq_length=4096", "train.global_batch_size=64"], 30),
+    ("moonlight-16b-a3b", ["model.moe_grouped_gemm=true", "model.expert_model_parallel_size=8",
+                           "model.tensor_model_parallel_size=1", "model.seq_length=4096",
+                           "train.global_batch_size=64"], 20),
+    ("llama3-8b", ["model.attention_backend=unfused", "model.seq_length=8192",
+                   "train.global_batch_size=8"], 30),
+], ids=["grouped-gemm-moe", "mla-moe", "unfused-dense"])
+def test_every_step_config_passes_validate_on_other_architectures(
+        preset: str, extra: list[str], target: float) -> None:
+    cfg = load_config(preset=preset, overrides=[*CLUSTER, *extra])
+    plan = recommend_recompute(cfg, target_gib=target)
+    assert plan.steps
+    for s, c in zip(plan.steps, step_configs(cfg, plan), strict=True):
+        errors = [f.rule_id for f in validate(c).findings if f.severity == "error"]
+        assert not errors, (s.action, errors)
+        if s.rung == "full":
+            assert {"model.recompute_method", "model.recompute_num_layers"} <= set(
+                s.config_changes)

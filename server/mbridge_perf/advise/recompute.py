@@ -22,6 +22,7 @@ from mbridge_perf.advise.costs import (
     OFFLOAD_CARD,
     ThroughputCost,
     estimated_cost,
+    measured_saving,
     module_cost,
 )
 from mbridge_perf.config.errors import ConfigError
@@ -325,6 +326,11 @@ def _selective(lad: _Ladder) -> None:
             lad.skipped.append(f"selective {module}: frees ≈ 0 on this model")
             continue
         why = _WHY[module] + (" (frees ≈ 0 on this model)" if small else "")
+        measured = measured_saving(cfg.model, module)
+        if measured is not None and base.peak - priced.peak > 1.5 * measured[0]:
+            why += (f". Measured: {measured[0]:.1f} GiB ({measured[1]}); the estimate "
+                    f"({base.peak - priced.peak:.1f} GiB) is high for this recipe, expect the "
+                    "measured saving")
         _add(lad, on, priced, rung="selective", action=f"Add {module} to recompute_modules "
              "(selective recompute)", changes=changes, cost=module_cost(cfg, module),
              rationale=why[0].upper() + why[1:] + ".", skill=RECOMPUTE)

@@ -8,12 +8,13 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 
 from bridge_corpus import dumps
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.load import load_config
 from mbridge_perf.config.mcore import DEFAULT_MCORE_VERSION, mcore_facts, supported_versions
-from mbridge_perf.config.model import ModelSection
+from mbridge_perf.config.model import ModelSection, TrainingConfig
 from mbridge_perf.rules import validate
 
 from helpers import REPO
@@ -134,3 +135,25 @@ def test_deprecated_sm_knobs_are_info_and_conflicting_ones_an_error() -> None:
     both = {"model": {**moe, "moe_hybridep_num_sms": 32, "moe_deepep_num_sms": 20}}
     assert "moe.deprecated-num-sms" in errors(both)
     assert "moe.deprecated-num-sms" not in errors(both, "0.16.1")  # fields of their own there
+
+
+def _mcore_errors(config: dict[str, Any], version: str) -> set[str]:
+    from mbridge_perf.rules import get_rule
+
+    report = validate(TrainingConfig(**config), mcore_version=version)
+    return {f.rule_id for f in report.findings
+            if f.severity == "error" and get_rule(f.rule_id).source == "megatron-core"}
+
+
+def test_the_parity_corpus_version_gaps_follow_the_release_asked_for() -> None:
+    # parity_corpus.yaml records both verdicts of every version gap: `expect` is what the
+    # installed 0.16.1 does, `pin_expect` what the newer release does.
+    cases = [c for c in yaml.safe_load((REPO / "tests/rules/parity_corpus.yaml").read_text())
+             if c.get("version_gap")]
+    raised_old = [c for c in cases if c["expect"] != "ok"]
+    ok_new = [c for c in cases if c["pin_expect"] == "ok"]
+    assert raised_old and ok_new
+    for c in raised_old:
+        assert _mcore_errors(c["config"], "0.16.1"), c["name"]
+    for c in ok_new:
+        assert not _mcore_errors(c["config"], "0.19.2"), c["name"]

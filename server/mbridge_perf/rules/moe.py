@@ -162,15 +162,17 @@ def _deprecated_num_sms(c: TrainingConfig, d: Derived) -> Violation | None:
       skill=WORKFLOW, mcore_enforced=True,
       summary="moe_shared_expert_overlap needs the alltoall or flex dispatcher")
 def _shared_overlap_dispatcher(c: TrainingConfig, d: Derived) -> Violation | None:
-    # Pin accepts alltoall and flex; MCore 0.16.1 accepts only alltoall (flex + overlap raises
+    # 0.19 accepts alltoall and flex; 0.16.1 accepts only alltoall (flex + overlap raises
     # there). Both check only when shared experts exist.
     m = c.model
+    ok = ("alltoall", "flex") if d.mcore.key >= (0, 19) else ("alltoall",)
     if not m.moe_shared_expert_overlap or m.moe_shared_expert_intermediate_size is None or \
-            m.moe_token_dispatcher_type in ("alltoall", "flex"):
+            m.moe_token_dispatcher_type in ok:
         return None
     return Violation(f"moe_shared_expert_overlap=True with moe_token_dispatcher_type="
-                     f"{m.moe_token_dispatcher_type!r}",
-                     f"set {DISPATCHER} = 'alltoall' (or 'flex'), or {SHARED_OVERLAP} = false")
+                     f"{m.moe_token_dispatcher_type!r} (Megatron-Core {d.mcore.version})",
+                     f"set {DISPATCHER} = {' or '.join(map(repr, ok))}, or "
+                     f"{SHARED_OVERLAP} = false")
 
 
 @rule("moe.shared-expert-size-positive", "error", ref="I8", source="megatron-core",

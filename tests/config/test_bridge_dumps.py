@@ -209,3 +209,34 @@ def test_a_broken_recipe_is_an_error_finding_not_a_crash() -> None:
     assert [f.rule_id for f in report.findings if f.severity == "error"] == ["model.sizes-set"]
     with pytest.raises(ConfigError, match="is 0"):
         estimate_memory(cfg)
+
+
+def _enum(cls: str, name: str, value: int) -> dict[str, Any]:
+    return {"_target_": f"megatron.core.transformer.enums.{cls}", "_args_": [value],
+            "_call_": True, "_name_": name}
+
+
+def test_equivalent_spellings_of_the_dialect_mean_the_same() -> None:
+    # What Bridge writes for the same values in different recipes: enum objects or strings,
+    # dtype objects or names, a comma string or a list, a layout as nested lists or compact.
+    name = "deepseek_v3_pretrain_256gpu_b200_bf16_config"
+    plain = copy.deepcopy(dumps()[name])
+    plain["model"].update({"cuda_graph_impl": "transformer_engine", "use_te_rng_tracker": True,
+                           "cuda_graph_modules": ["attn", "moe_router"],
+                           "cuda_graph_scope": None, "attention_backend": "auto",
+                           "moe_router_dtype": "fp32"})
+    spelled = copy.deepcopy(plain)
+    spelled["model"].update({
+        "cuda_graph_modules": [_enum("CudaGraphModule", "attn", 1),
+                               _enum("CudaGraphModule", "moe_router", 4)],
+        "attention_backend": _enum("AttnBackend", "auto", 5),
+        "moe_router_dtype": {"_target_": "torch.float32", "_call_": False},
+        "pipeline_model_parallel_layout": "Et*8|(t*8|)*6t*5mL"})
+    comma = copy.deepcopy(plain)
+    comma["model"]["cuda_graph_modules"] = "attn,moe_router"
+    reports = [validate(load_config(data=d)) for d in (plain, spelled, comma)]
+    assert all(r.ok for r in reports)
+    assert len({r.model_dump_json(exclude={"not_used"}) for r in reports}) == 1
+    sizes = {estimate_memory(load_config(data=d)).peak_allocated_gib
+             for d in (plain, spelled, comma)}
+    assert len(sizes) == 1

@@ -25,6 +25,7 @@ from mbridge_perf.advise.recompute import RecomputePlan
 from mbridge_perf.bench.reports import RunComparison, RunHandle, RunResult, RunStatus
 from mbridge_perf.config.errors import ConfigError, type_problem
 from mbridge_perf.config.load import ConfigSource, load_source
+from mbridge_perf.evals.grade import Grade
 from mbridge_perf.memory.estimate import MemoryReport
 from mbridge_perf.rules.validate import ValidationReport
 from mbridge_perf.skillpack.pack import CARD_FILE, SKILL_FILE, Skill, find_pack_root, list_skills
@@ -158,7 +159,7 @@ def _reader(path: Path) -> Callable[[], str]:
     return read
 
 
-def _register_tools(server: MCPServer) -> list[str]:
+def _register_tools(server: MCPServer, root: Path | None = None) -> list[str]:
     """Register every tool whose function exists (never a stub); return their names."""
 
     def validate_config(
@@ -220,9 +221,10 @@ def _register_tools(server: MCPServer) -> list[str]:
         unallocated band (where fragmentation OOMs live; narrower with
         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); CUDA context, NCCL and CUDA-graph
         overheads; GPU capacity, fits and headroom; assumptions and what is not modelled. All
-        sizes in GiB (2^30 bytes). Megatron logs decimal GB: 58.8 GB = 54.8 GiB. Pure
-        arithmetic, needs no GPU; validate_config checks the config's legality."""
-        from mbridge_perf.memory.estimate import estimate_memory as estimate
+        sizes in GiB (2^30 bytes). Megatron logs decimal GB: 58.8 GB = 54.8 GiB. Also
+        answer_markdown: the estimate read as the memory skill answers it. Pure arithmetic,
+        needs no GPU; validate_config checks the config's legality."""
+        from mbridge_perf.memory.answer import estimate_with_answer as estimate
 
         cfg = _config(config)
         try:
@@ -234,6 +236,7 @@ def _register_tools(server: MCPServer) -> list[str]:
              (estimate_memory, "Estimate per-GPU memory", PURE),
              *_advise_tools(),
              (list_presets, "List model presets", PURE),
+             *_eval_tools(root),
              *_bench_tools()]
     for fn, title, hints in tools:
         # cleandoc: the docstring is the description the assistant reads, without indentation
@@ -295,6 +298,40 @@ def _advise_tools() -> list[tuple[Callable[..., Any], str, ToolAnnotations]]:
 
     return [(recommend_recompute, "Recommend recompute / memory steps", PURE),
             (diagnose_oom, "Diagnose a GPU OOM", PURE)]
+
+
+def _eval_tools(root: Path | None) -> list[tuple[Callable[..., Any], str, ToolAnnotations]]:
+    """grade_answer (evals/): an assistant self-checks a draft before sending it."""
+
+    def grade_answer(
+            answer: Annotated[str, Field(
+                min_length=1, max_length=200_000,
+                description="The draft answer: Markdown, or the JSON a tool returned (its "
+                            "answer_markdown is graded).")],
+            skill: Annotated[str | None, Field(
+                description="Grade against this skill's answer checklist, e.g. "
+                            "'nemo-mbridge-perf-memory-tuning'.")] = None,
+            case_id: Annotated[str | None, Field(
+                description="Or grade against one evals.json case (its checks and "
+                            "checklist).")] = None,
+            tool_calls: Annotated[list[str] | None, Field(
+                max_length=200, description="Tools called while answering, for the case's "
+                                            "required / forbidden tool checks.")] = None,
+    ) -> Grade:
+        """Self-check a draft answer before sending it: does it recommend the skill's
+        checklist items in the documented order (allocator fix first, selective recompute
+        by architecture, mlp last, ...), avoid the unsafe or incompatible advice a case
+        forbids (TP raised first for a fragmentation OOM, CPU offload with PP > 1, VPP as a
+        memory fix), and name only knobs that exist? Matching is normalised (TP=8 =
+        tensor_model_parallel_size=8) and negation-aware ("do not raise TP" is a mention,
+        not advice). Give skill or case_id. Returns passed, expectations (text, passed,
+        evidence span, critical) and summary. Deterministic, reads nothing but the pack."""
+        from mbridge_perf.evals.selfcheck import grade_text
+
+        return grade_text(root or find_pack_root(), answer, skill=skill, case_id=case_id,
+                          tool_calls=tool_calls)
+
+    return [(grade_answer, "Grade an answer against a skill's checklist", PURE)]
 
 
 RunId = Annotated[str, Field(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9_-]+$",
@@ -513,7 +550,7 @@ def build_server(pack_root: Path | None = None) -> MCPServer:
     root = pack_root or find_pack_root()
     skills = list_skills(root)
     server = GuardedServer("mbridge-perf", version=__version__, instructions=INSTRUCTIONS)
-    tools = _register_tools(server)
+    tools = _register_tools(server, root)
     _register_resources(server, skills)
     _register_prompts(server, skills, tools)
     return server

@@ -29,7 +29,7 @@ _SIZES = [
 _SIZE_RE = [(re.compile(rf"(?<![a-z0-9_.])(?:{pat})(?![a-z_])"), tok) for pat, tok in _SIZES]
 _SIZE_TOK = "vpp|etp|edp|tp|pp|cp|ep|dp"
 _SIZE_VALUE = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK})\s*(?:=|:|of|to|is|at|from|size)?\s*(\d+)"
-                         r"(?![\d.])")
+                         r"(?!\d|\.\d)")
 _SIZE_ARROW = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK})=(\d+)\s*(?:->|→|to)\s*(\d+)")
 _FLAG_VALUE = re.compile(r"(--?[a-z][a-z0-9_\-]*)\s+(\d+|true|false)\b")
 _DROP = re.compile(r"[`*\"'“”‘’]")
@@ -61,7 +61,8 @@ def term_regex(term: str) -> re.Pattern[str]:
             out.append(re.escape(ch))
     body = "".join(out)
     left = r"(?<![a-z0-9_])" if t[:1].isalnum() else ""
-    right = r"(?![a-z0-9_])" if t[-1:].isalnum() else ""
+    right = (r"s?(?![a-z0-9_])" if t[-1:].isalpha() else
+             r"(?![a-z0-9_])" if t[-1:].isdigit() else "")
     return re.compile(left + body + right)
 
 
@@ -80,7 +81,7 @@ _SUFFIX = re.compile(
     r"will not|cannot|can't|fails?|failed|refuses?|refused|rejected|is wrong|are wrong|wrong|"
     r"not first|not the first|is not needed|not needed|not a memory|asserts|is refused|"
     r"is a myth|would fail|breaks|crash(?:es)?|no effect|not help|not valid|invalid|"
-    r"does not exist|do not exist|not allowed|out of scope|costs? -?\d|"
+    r"does not exist|do not exist|not allowed|out of scope|deprecated|costs? -?\d|"
     r"(?:frees|saves|saved|freed) (?:about |almost |only |≈ ?|~)?(?:0\b|nothing|little))")
 _SUFFIX_REACH = 110
 _NOT_FIRST = re.compile(r"\bnot\b[^;.]{0,60}\bfirst\b")

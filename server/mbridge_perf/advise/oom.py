@@ -23,6 +23,8 @@ from mbridge_perf.config.model import TrainingConfig
 from mbridge_perf.memory import overheads as ov
 
 SCAN_CHARS = 2_000_000
+MAX_CANDIDATES = 64  # OOM headers tried from the end of the text
+MAX_RANKS = 256  # per-rank memory lines returned (the fullest ones)
 GIB = 2**30
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 _Q = r"(\d+(?:\.\d+)?) (B|KiB|MiB|GiB|TiB)"
@@ -97,7 +99,8 @@ class OOMDiagnosis(BaseModel):
     message_format: Literal["pytorch>=2.1", "pytorch-2.0/1.x", "cuda-driver", "nccl",
                             "memory-lines", "none"]
     numbers: OOMNumbers
-    ranks: list[RankMemory] = Field(description="per-rank memory lines, the last per rank")
+    ranks: list[RankMemory] = Field(description="per-rank memory lines, the last per rank "
+                                                "(the 256 fullest ranks at most)")
     allocator_set: bool | None = Field(description="expandable_segments:True seen in the text "
                                                    "or the config (None: not known)")
     failure_mode: FailureMode | None
@@ -124,29 +127,37 @@ def _gib(value: str, unit: str) -> float:
 
 
 def _pytorch(tail: str) -> tuple[str, OOMNumbers] | None:
-    """The last PyTorch allocator message of either shape."""
-    best: tuple[int, str, OOMNumbers] | None = None
-    for m in CURRENT.finditer(tail):
+    """The last PyTorch allocator message of either shape (tried from the end, a bounded
+    number of candidates)."""
+    pos = len(tail)
+    for _ in range(MAX_CANDIDATES):
+        pos = tail.rfind("CUDA out of memory", 0, pos)
+        if pos < 0:
+            return None
+        found = _numbers_at(tail, pos)
+        if found is not None:
+            return found[0], found[1].model_copy(update={"rank": _rank_before(tail, pos)})
+    return None
+
+
+def _numbers_at(tail: str, pos: int) -> tuple[str, OOMNumbers] | None:
+    m = CURRENT.match(tail, pos)
+    if m:
         g = m.groups()
         q = [_gib(g[i], g[i + 1]) if g[i] else None for i in (0, 3, 5, 7, 9, 11)]
         alloc, unalloc = q[4], q[5]
-        n = OOMNumbers(requested_gib=q[0], gpu_index=int(g[2]), total_capacity_gib=q[1],
-                       free_gib=q[2], in_use_gib=q[3], allocated_gib=alloc,
-                       reserved_unallocated_gib=unalloc,
-                       reserved_gib=(alloc or 0) + (unalloc or 0))
-        best = (m.start(), "pytorch>=2.1", n)
-    for m in LEGACY.finditer(tail):
+        return "pytorch>=2.1", OOMNumbers(
+            requested_gib=q[0], gpu_index=int(g[2]), total_capacity_gib=q[1], free_gib=q[2],
+            in_use_gib=q[3], allocated_gib=alloc, reserved_unallocated_gib=unalloc,
+            reserved_gib=(alloc or 0) + (unalloc or 0))
+    m = LEGACY.match(tail, pos)
+    if m:
         g = m.groups()
         req, cap, alloc, free, res = (_gib(g[i], g[i + 1]) for i in (0, 3, 5, 7, 9))
-        n = OOMNumbers(requested_gib=req, gpu_index=int(g[2]), total_capacity_gib=cap,
-                       allocated_gib=alloc, free_gib=free, reserved_gib=res,
-                       reserved_unallocated_gib=max(res - alloc, 0.0))
-        if best is None or m.start() > best[0]:
-            best = (m.start(), "pytorch-2.0/1.x", n)
-    if best is None:
-        return None
-    rank = _rank_before(tail, best[0])
-    return best[1], best[2].model_copy(update={"rank": rank})
+        return "pytorch-2.0/1.x", OOMNumbers(
+            requested_gib=req, gpu_index=int(g[2]), total_capacity_gib=cap, allocated_gib=alloc,
+            free_gib=free, reserved_gib=res, reserved_unallocated_gib=max(res - alloc, 0.0))
+    return None
 
 
 def _rank_before(tail: str, pos: int) -> int | None:
@@ -189,7 +200,9 @@ def rank_lines(tail: str) -> list[RankMemory]:
             max_allocated_gib=_scale(f.get("max allocated"), mib),
             reserved_gib=_scale(f.get("reserved"), mib),
             max_reserved_gib=_scale(f.get("max reserved"), mib), alloc_retries=None)
-    return [last[r] for r in sorted(last)]
+    kept = sorted(last.values(), key=lambda r: -(r.max_reserved_gib or r.max_allocated_gib
+                                                 or 0.0))[:MAX_RANKS]
+    return sorted(kept, key=lambda r: r.rank)
 
 
 def _scale(v: float | None, k: float) -> float | None:

@@ -204,12 +204,13 @@ def _fine_grained_needs_te(c: TrainingConfig, d: Derived) -> Violation | None:
                      'set model.transformer_impl="transformer_engine"')
 
 
-@rule("offload.fine-grained-cpu-offload-v1", "error", ref="F9", source="megatron-bridge",
+@rule("offload.fine-grained-cpu-offload-v1", "warning", ref="F9", source="megatron-bridge",
       fields=(FG, "env.NVTE_CPU_OFFLOAD_V1"), skill=MEM,
       summary="fine-grained offloading on Transformer Engine >= 2.10 needs NVTE_CPU_OFFLOAD_V1=1")
 def _fine_grained_cpu_offload_v1(c: TrainingConfig, d: Derived) -> Violation | None:
-    # Bridge checks this only on TE >= 2.10; the TE version is unknown here, and every
-    # container that carries the pinned Bridge ships a newer TE.
+    # Bridge checks this only on TE >= 2.10; the TE version is unknown here (only the installed
+    # Transformer Engine settles it), so a warning: every container with Bridge 0.6.2 ships a
+    # newer TE, where the launch stops.
     value = c.env.get("NVTE_CPU_OFFLOAD_V1")
     if not c.model.fine_grained_activation_offloading or value == "1":
         return None

@@ -194,14 +194,6 @@ def merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ building
 
-def _strip_markers(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _strip_markers(v) for k, v in obj.items() if k not in _MARKERS}
-    if isinstance(obj, list):
-        return [_strip_markers(v) for v in obj]
-    return obj
-
-
 def _check_names(data: Mapping[str, Any]) -> None:
     from mbridge_perf.config.derived import MIXED_PRECISION_RECIPES
 

@@ -1,0 +1,485 @@
+"""``plan_parallelism``: every valid layout of a model on N GPUs, priced per pipeline stage and
+ranked the way the skills rank.
+
+Why a planner: the classic mistakes (GPU count as the product TP·PP·CP·EP·ETP, MoE sized by
+active parameters, CP too small at 256K, TP over EP for experts) come from guessing layouts.
+The planner enumerates with Parallel Folding (attention mesh TP·CP·DP·PP = N, expert mesh
+ETP·EP·EDP·PP = N), rejects by the divisibility rules, prices with ``estimate_memory`` (with
+the recompute the user set; a short rescue ladder says when a layout fits only with a rung)
+and ranks: (1) fits with headroom, (2) smallest model-parallel footprint PP·lcm(TP·CP, EP·ETP),
+(3) most DP, (4) experts on EP before ETP, then the smallest TP, (5) fewest pipeline bubbles
+(PP - 1) / (VPP·M); headroom breaks the remaining ties. CP starts at seq / 4096 (the
+long-context skill): a starting point, not a ranking key - memory decides.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from mbridge_perf.advise.changes import apply_changes, as_overrides
+from mbridge_perf.advise.layouts import (
+    SIZE_FIELDS,
+    Group,
+    Rejections,
+    Skeleton,
+    bubble_fraction,
+    cp_start,
+    groups,
+    min_gpus,
+)
+from mbridge_perf.advise.pricing import (
+    LONG_CONTEXT,
+    Counter,
+    Priced,
+    layout_changes,
+    price,
+    rescue,
+    staircase,
+)
+from mbridge_perf.config.errors import ConfigError
+from mbridge_perf.config.gpus import lookup_gpu
+from mbridge_perf.config.model import MAX_GPUS, TrainingConfig
+from mbridge_perf.rules.validate import validate
+
+MAX_TOP_K = 50
+MAX_CONSTRAINT_VALUES = 32
+RESCUE_BUDGET = 40
+
+
+class PlanConstraints(BaseModel):
+    """Allowed values per size (Bridge field names); a missing key means "any"."""
+
+    model_config = {"extra": "forbid"}
+
+    tensor_model_parallel_size: list[int] | None = None
+    pipeline_model_parallel_size: list[int] | None = None
+    virtual_pipeline_model_parallel_size: list[int] | None = None
+    context_parallel_size: list[int] | None = None
+    expert_model_parallel_size: list[int] | None = None
+    expert_tensor_parallel_size: list[int] | None = None
+    micro_batch_size: list[int] | None = None
+
+
+class StagePeak(BaseModel):
+    stage: int
+    layers: int
+    peak_allocated_gib: float
+
+
+class PlannedLayout(BaseModel):
+    """One ranked layout: the sizes, both meshes, per-stage memory and why it ranks here."""
+
+    rank: int
+    tensor_model_parallel_size: int
+    pipeline_model_parallel_size: int
+    virtual_pipeline_model_parallel_size: int | None
+    context_parallel_size: int
+    expert_model_parallel_size: int
+    expert_tensor_parallel_size: int | None
+    micro_batch_size: int
+    data_parallel_size: int
+    expert_data_parallel_size: int | None
+    min_gpus: int = Field(description="PP·lcm(TP·CP, EP·ETP): the smallest world this layout "
+                                      "runs on")
+    attention_mesh: str = Field(description="TP x CP x DP x PP = N")
+    expert_mesh: str | None = Field(description="ETP x EP x EDP x PP = N (MoE)")
+    pipeline_split: str = Field(description="how the layers go on the PP x VPP stages")
+    tokens_per_cp_rank: int
+    num_microbatches: int
+    bubble_fraction: float = Field(description="(PP - 1) / (VPP x micro-batches)")
+    fit: Literal["as_set", "with_rung", "no"] = Field(
+        description="as_set: fits with the config's own recompute / offload; with_rung: "
+                    "fits only with the rung named in `rung`; no: does not fit")
+    rung: str | None = Field(description="the change that makes it fit (fit=with_rung)")
+    per_stage: list[StagePeak]
+    most_loaded_stage: int
+    peak_allocated_gib: float
+    headroom_gib: float | None
+    fits_with_fragmentation: bool | None
+    config_changes: dict[str, Any] = Field(description="dotted Bridge keys for this layout "
+                                                       "(and its rung)")
+    overrides: list[str]
+    warnings: list[str] = Field(description="validator warnings on this layout")
+    reasons: list[str] = Field(description="why it ranks here")
+
+
+class RejectedFamily(BaseModel):
+    family: str
+    reason: str
+    count: int
+
+
+class PlanCounts(BaseModel):
+    skeletons: int = Field(description="(TP, PP, VPP, EP, ETP, MBS) combinations")
+    layouts: int = Field(description="layouts enumerated (skeletons x the CPs each allows)")
+    priced: int = Field(description="layouts priced with estimate_memory")
+    bounded: int = Field(description="layouts decided by the CP bound without pricing")
+    rescue_estimates: int
+    validated: int
+    seconds: float
+
+
+class ParallelismPlan(BaseModel):
+    num_gpus: int
+    gpu: str
+    gpu_capacity_gib: float
+    nvlink_domain: int
+    seq_length: int
+    global_batch_size: int
+    cp_start: int = Field(description="seq_length / 4096 as a power of two (where the CP "
+                                      "search starts)")
+    layouts: list[PlannedLayout]
+    rejected: list[RejectedFamily]
+    counts: PlanCounts
+    notes: list[str]
+    answer_markdown: str
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+
+
+def _bounded(name: str, value: Any, lo: int, hi: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise ConfigError(name, f"must be a whole number from {lo} to {hi:,}, got {value!r}")
+    return value
+
+
+def _constraints(c: PlanConstraints | dict[str, Any] | None) -> dict[str, list[int]]:
+    if c is None:
+        return {}
+    if isinstance(c, dict):
+        try:
+            c = PlanConstraints.model_validate(c)
+        except ValueError:  # pydantic's ValidationError: one line naming the field
+            bad = [k for k in c if k not in SIZE_FIELDS]
+            raise ConfigError(f"constraints.{bad[0]}" if bad else "constraints",
+                              "unknown size or not a list of whole numbers; use "
+                              + ", ".join(SIZE_FIELDS)) from None
+    out = {}
+    for k, v in c.model_dump(exclude_none=True).items():
+        if not v or len(v) > MAX_CONSTRAINT_VALUES:
+            raise ConfigError(f"constraints.{k}", f"give 1 to {MAX_CONSTRAINT_VALUES} values")
+        out[k] = [_bounded(f"constraints.{k}", x, 1, MAX_GPUS) for x in v]
+    return out
+
+
+def _base(cfg: TrainingConfig, n: int, gpu: str, seq: int, gbs: int) -> TrainingConfig:
+    """The user's config at the planned world, GPU, sequence and batch."""
+    changes: dict[str, Any] = {"cluster.num_gpus": n, "cluster.gpu": gpu,
+                               "model.seq_length": seq, "train.global_batch_size": gbs}
+    base = apply_changes(cfg, changes)
+    ds = (base.__pydantic_extra__ or {}).get("dataset")
+    if isinstance(ds, dict) and "seq_length" in ds:
+        base = base.model_copy(update={"dataset": {**ds, "seq_length": seq}})
+    return base
+
+
+# ---------------------------------------------------------------------------------------------
+# ranking
+
+
+_FIT = {"as_set": 0, "with_rung": 1, "no": 2}
+
+
+@dataclass(slots=True)
+class _Cand:
+    sk: Skeleton
+    cp: int
+    n: int
+    gbs: int
+    fit: str
+    priced: Priced | None  # None: fits by the CP bound, not priced yet
+    alts: list[str] = field(default_factory=list)
+
+    @property
+    def family(self) -> tuple[int, ...]:
+        s = self.sk
+        return (s.tp, self.cp, s.ep, s.etp or 0, s.split.pp)
+
+    @property
+    def dp(self) -> int:
+        return self.n // (self.sk.tp * self.sk.split.pp * self.cp)
+
+    @property
+    def footprint(self) -> int:
+        s = self.sk
+        return min_gpus(s.tp, s.split.pp, self.cp, s.ep, s.etp if s.etp is not None else 1)
+
+    @property
+    def micro(self) -> int:
+        return self.gbs // (self.dp * self.sk.mbs)
+
+    @property
+    def bubble(self) -> float:
+        return bubble_fraction(self.sk.split.pp, self.sk.split.vpp, self.micro)
+
+    def fit_class(self) -> int:
+        """0 fits as set with the reserved band's high end, 1 as set but tight, 2 and 3 the
+        same with a rung, 4 does not fit."""
+        if self.fit == "no":
+            return 4
+        tight = self.priced is not None and not self.priced.report.fits_with_fragmentation
+        return 2 * _FIT[self.fit] + tight
+
+    def key(self) -> tuple[Any, ...]:
+        head = -(self.priced.report.headroom_gib or 0.0) if self.priced else 0.0
+        if self.fit == "no":
+            return (4, head)
+        return (self.fit_class(), self.footprint, -self.dp, self.sk.etp or 0, self.sk.tp,
+                self.bubble, head)
+
+
+_KEY_WORDS = ("fits with headroom (as set, then tight, then only with a rung)",
+              "smaller model-parallel footprint (min GPUs)",
+              "more data parallelism", "experts on EP before ETP", "smaller TP",
+              "fewer pipeline bubbles", "more headroom")
+
+
+def _why_below(prev: _Cand, cur: _Cand) -> str:
+    a, b = prev.key(), cur.key()
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y and not (isinstance(x, float) and abs(x - y) < 5e-3):
+            return f"below #{{}} on: {_KEY_WORDS[min(i, len(_KEY_WORDS) - 1)]}"
+    return "below #{} on: tie, kept in enumeration order"
+
+
+# ---------------------------------------------------------------------------------------------
+# phases
+
+
+def _enumerate(base: TrainingConfig, n: int, nvlink: int, gbs: int, mbs: int | None,
+               cons: dict[str, list[int]], rej: Rejections) -> list[Group]:
+    return list(groups(base.model, n, nvlink, gbs, mbs, cons, rej))
+
+
+def _price_all(base: TrainingConfig, gs: list[Group], n: int, gbs: int, start: int,
+               mbs_fixed: bool, count: Counter, rej: Rejections) -> list[_Cand]:
+    """The staircase of every group. Unless the user fixed it, MBS > 1 is not priced: it needs
+    more memory than MBS 1 and ranks below it (fewer micro-batches, larger bubble)."""
+    cands: list[_Cand] = []
+    for g in gs:
+        size = len(g.eps) * len(g.cps)
+        if g.mbs > 1 and not mbs_fixed:
+            count.bounded += size
+            continue
+        priced, bounds = staircase(base, g, start, count)
+        for (_ep, cp), p in priced.items():
+            cands.append(_Cand(p.sk, cp, n, gbs, "as_set" if p.fits else "no", p))
+        for ep, cp_b in bounds.items():
+            extra = [c for c in g.cps if c > cp_b and (ep, c) not in priced]
+            cands += [_Cand(g.skeleton(ep), c, n, gbs, "as_set", None) for c in extra]
+        count.bounded += size - len(priced)
+        if not bounds and priced:
+            corner = max(priced.values(), key=lambda p: (p.sk.ep, p.cp))
+            rej.add(_memory_reason(corner), _family(corner.sk, corner.cp))
+    return cands
+
+
+def _memory_reason(p: Priced) -> str:
+    r = p.report
+    need = (r.gpu_capacity_gib or 0) - (r.headroom_gib or 0)
+    return (f"memory: needs {need:.1f} GiB of {r.gpu_capacity_gib:.1f} even at the largest CP "
+            f"and EP allowed (stage {r.most_loaded_stage} peak {r.peak_allocated_gib:.1f} GiB)")
+
+
+def _family(sk: Skeleton, cp: int | None = None) -> str:
+    s = sk.split
+    parts = [f"TP{sk.tp}", f"PP{s.pp}"] + ([f"VPP{s.vpp}"] if s.vpp > 1 else [])
+    parts += [f"CP{cp}"] if cp is not None else []
+    if sk.etp is not None:
+        parts += [f"EP{sk.ep}", f"ETP{sk.etp}"]
+    return " ".join([*parts, f"MBS{sk.mbs}"])
+
+
+def _rescue(base: TrainingConfig, cands: list[_Cand], top_k: int, count: Counter) -> None:
+    """When fewer than top_k layouts fit as set, try the rescue ladder on the best
+    non-fitting ones (smallest need first within the ranking of their shape)."""
+    fitting = sum(c.fit == "as_set" for c in cands)
+    if fitting >= top_k:
+        return
+    todo = [c for c in cands if c.fit == "no" and c.priced is not None]
+    todo.sort(key=lambda c: (c.footprint, -c.dp, c.sk.etp or 0, c.sk.tp, c.bubble))
+    for c in todo[:RESCUE_BUDGET]:
+        assert c.priced is not None
+        got = rescue(c.priced, count)
+        if got is not None:
+            c.priced, c.fit = got, "with_rung"
+
+
+def _finalize(base: TrainingConfig, cands: list[_Cand], top_k: int, count: Counter,
+              rej: Rejections) -> list[_Cand]:
+    """Rank, price the bound-only ones that reach the top, validate; drop what the validator
+    rejects and fill from below. One entry per (TP, CP, EP, ETP, PP): its best VPP / MBS, the
+    other fitting ones named in its reasons."""
+    cands.sort(key=_Cand.key)
+    out: list[_Cand] = []
+    best: dict[tuple[int, ...], _Cand] = {}
+    for c in cands:
+        if c.family in best:
+            if c.fit != "no" and len(best[c.family].alts) < 8:
+                best[c.family].alts.append(f"VPP{c.sk.split.vpp} MBS{c.sk.mbs}")
+            continue
+        if len(out) >= top_k:
+            continue
+        if c.priced is None:
+            p = price(base, c.sk, c.cp, count)
+            if p is None:
+                continue
+            c.priced = p
+            c.fit = "as_set" if p.fits else "no"
+        rep = validate(c.priced.cfg)
+        count.validated += 1
+        errors = [f for f in rep.findings if f.severity == "error"]
+        if errors:
+            rej.add(f"validator: {errors[0].rule_id}: {errors[0].message}", _family(c.sk, c.cp))
+            continue
+        c.priced.warnings = [f"{f.rule_id}: {f.message}" for f in rep.findings
+                             if f.severity == "warning"]
+        out.append(c)
+        best[c.family] = c
+    out.sort(key=_Cand.key)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# results
+
+
+def _layout(c: _Cand, rank: int, prev: _Cand | None, nvlink: int, seq: int,
+            n: int) -> PlannedLayout:
+    assert c.priced is not None
+    p, sk, r = c.priced, c.sk, c.priced.report
+    s = sk.split
+    edp = n // (sk.ep * sk.etp * s.pp) if sk.etp is not None else None
+    changes = layout_changes(sk, c.cp)
+    if p.rung is not None:
+        changes.update(p.rung.changes)
+    reasons = _reasons(c, nvlink, seq)
+    if prev is not None:
+        reasons.insert(0, _why_below(prev, c).format(rank - 1))
+    split = {"even": "even split", "account": "account_for_embedding/loss_in_pipeline_split "
+             "(embedding and loss count as a layer each)"}.get(
+        s.kind, f"pipeline_model_parallel_layout={s.layout!r}")
+    return PlannedLayout(
+        rank=rank, tensor_model_parallel_size=sk.tp, pipeline_model_parallel_size=s.pp,
+        virtual_pipeline_model_parallel_size=s.vpp if s.vpp > 1 else None,
+        context_parallel_size=c.cp, expert_model_parallel_size=sk.ep,
+        expert_tensor_parallel_size=sk.etp, micro_batch_size=sk.mbs, data_parallel_size=c.dp,
+        expert_data_parallel_size=edp, min_gpus=c.footprint,
+        attention_mesh=f"TP{sk.tp} x CP{c.cp} x DP{c.dp} x PP{s.pp} = {n}",
+        expert_mesh=(f"ETP{sk.etp} x EP{sk.ep} x EDP{edp} x PP{s.pp} = {n}"
+                     if sk.etp is not None else None),
+        pipeline_split=split, tokens_per_cp_rank=seq // c.cp, num_microbatches=c.micro,
+        bubble_fraction=round(c.bubble, 4), fit=c.fit,  # type: ignore[arg-type]
+        rung=p.rung.action if p.rung else None,
+        per_stage=[StagePeak(stage=st.stage, layers=len(st.layers),
+                             peak_allocated_gib=round(st.peak_allocated_gib, 3))
+                   for st in r.per_stage],
+        most_loaded_stage=r.most_loaded_stage,
+        peak_allocated_gib=round(r.peak_allocated_gib, 3),
+        headroom_gib=None if r.headroom_gib is None else round(r.headroom_gib, 2),
+        fits_with_fragmentation=r.fits_with_fragmentation, config_changes=changes,
+        overrides=as_overrides(changes), warnings=p.warnings,
+        reasons=reasons)
+
+
+def _reasons(c: _Cand, nvlink: int, seq: int) -> list[str]:
+    assert c.priced is not None
+    sk, r, s = c.sk, c.priced.report, c.sk.split
+    fit = {"as_set": "fits as set", "with_rung": f"fits only with: {c.priced.rung.action}"
+           if c.priced.rung else "", "no": "does not fit"}[c.fit]
+    out = [f"{fit}: stage {r.most_loaded_stage} peak {r.peak_allocated_gib:.1f} GiB, headroom "
+           f"{r.headroom_gib:.1f} GiB of {r.gpu_capacity_gib:.1f}"
+           + ("" if r.fits_with_fragmentation else " (tight: not with the reserved band's "
+              "high end)")]
+    ex = f"EP{sk.ep}·ETP{sk.etp}" if sk.etp is not None else "no experts"
+    out.append(f"min GPUs {c.footprint} = PP{s.pp}·lcm(TP·CP {sk.tp * c.cp}, {ex}); "
+               f"DP {c.dp}" + (" (DP = 1: the GPU count forces it)" if c.dp == 1 else ""))
+    out.append(f"TP{sk.tp} inside the NVLink domain of {nvlink}"
+               + (f"; experts on EP{sk.ep} with ETP{sk.etp}" if sk.etp is not None else ""))
+    out.append(f"bubble (PP-1)/(VPP·M) = {s.pp - 1}/({s.vpp}·{c.micro}) = {c.bubble:.1%}")
+    out.append(f"{seq // c.cp} tokens per CP rank (the skill's start: 4096)")
+    if c.alts:
+        out.append("same sizes also fit with " + ", ".join(c.alts))
+    return out
+
+
+def _rejected(rej: Rejections) -> list[RejectedFamily]:
+    rows = [RejectedFamily(family=ex, reason=reason, count=n)
+            for reason, (n, ex) in rej.by_reason.items()]
+    return sorted(rows, key=lambda r: -r.count)[:40]
+
+
+# ---------------------------------------------------------------------------------------------
+# the entry point
+
+
+def plan_parallelism(cfg: TrainingConfig, num_gpus: int, gpu: str, seq_length: int,
+                     global_batch_size: int, micro_batch_size: int | None = None,
+                     top_k: int = 10, constraints: PlanConstraints | dict[str, Any] | None = None
+                     ) -> ParallelismPlan:
+    """Ranked layouts of ``cfg``'s model on ``num_gpus`` ``gpu``s (see the module docstring);
+    the config's recompute, precision, optimizer and offload settings are kept."""
+    t0 = time.perf_counter()
+    n = _bounded("num_gpus", num_gpus, 1, MAX_GPUS)
+    seq = _bounded("seq_length", seq_length, 1, 16_777_216)
+    gbs = _bounded("global_batch_size", global_batch_size, 1, 100_000_000)
+    mbs = None if micro_batch_size is None else _bounded("micro_batch_size", micro_batch_size,
+                                                         1, 4096)
+    top_k = _bounded("top_k", top_k, 1, MAX_TOP_K)
+    cons = _constraints(constraints)
+    try:
+        spec = lookup_gpu(gpu)
+    except ValueError as exc:
+        raise ConfigError("gpu", str(exc)) from None
+    if not cfg.model.num_layers or not cfg.model.num_attention_heads:
+        raise ConfigError("model", "give a model (a preset or a config with num_layers, "
+                                   "num_attention_heads, hidden_size)")
+    base = _base(cfg, n, spec.name, seq, gbs)
+    rej, count = Rejections({}), Counter()
+    gs = _enumerate(base, n, spec.nvlink_domain, gbs, mbs, cons, rej)
+    start = cp_start(seq)
+    cands = _price_all(base, gs, n, gbs, start, mbs is not None, count, rej)
+    _rescue(base, cands, top_k, count)
+    top = _finalize(base, cands, top_k, count, rej)
+    layouts = [_layout(c, i + 1, top[i - 1] if i else None, spec.nvlink_domain, seq, n)
+               for i, c in enumerate(top)]
+    counts = PlanCounts(skeletons=sum(len(g.eps) for g in gs),
+                        layouts=sum(len(g.eps) * len(g.cps) for g in gs),
+                        priced=count.priced, bounded=count.bounded,
+                        rescue_estimates=count.rescued, validated=count.validated,
+                        seconds=round(time.perf_counter() - t0, 3))
+    plan = ParallelismPlan(
+        num_gpus=n, gpu=spec.name, gpu_capacity_gib=spec.capacity_gib,
+        nvlink_domain=spec.nvlink_domain, seq_length=seq, global_batch_size=gbs,
+        cp_start=start, layouts=layouts, rejected=_rejected(rej), counts=counts,
+        notes=_notes(base, layouts, seq, spec.nvlink_domain), answer_markdown="")
+    from mbridge_perf.advise.plan_answer import plan_markdown
+
+    return plan.model_copy(update={"answer_markdown": plan_markdown(plan, base)})
+
+
+def _notes(cfg: TrainingConfig, layouts: list[PlannedLayout], seq: int,
+           nvlink: int) -> list[str]:
+    notes = []
+    if not layouts:
+        notes.append("No layout fits, even with the rescue ladder: more GPUs, a GPU with more "
+                     "memory, or a shorter sequence.")
+    if seq >= LONG_CONTEXT:
+        notes.append("Full recompute is not offered as a way to fit at this sequence length: "
+                     "it recomputes attention, which dominates the step at long context "
+                     "(long-context skill: selective before full, no attention recompute).")
+    if nvlink >= 72:
+        notes.append("NVL72: TP inside the 72-GPU NVLink domain can replace part of CP "
+                     "(TP·CP carries the sequence split).")
+    return notes
+
+
+def layout_config(cfg: TrainingConfig, layout: PlannedLayout) -> TrainingConfig:
+    """The config a returned layout was priced on (for validate_config / estimate_memory)."""
+    return apply_changes(cfg, layout.config_changes)

@@ -1,0 +1,183 @@
+"""``answer_markdown`` for plan_parallelism, in the long-context skill's Answer checklist order
+(skills/nemo-mbridge-perf-moe-long-context/card.yaml answer_checklist): CP from the sequence,
+the GPU budget, selective recompute, no attention recompute, TP for CP on NVL72, the global
+batch, precision and dispatcher, optimizer offload, CUDA graphs last, a current container - then
+the ranked table, what was rejected, and the closing JSON block the skill asks for."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from mbridge_perf.config.derived import resolve_precision
+from mbridge_perf.config.model import TrainingConfig
+
+if TYPE_CHECKING:
+    from mbridge_perf.advise.parallelism import ParallelismPlan, PlannedLayout
+
+
+def _sizes(lay: PlannedLayout) -> str:
+    s = (f"TP{lay.tensor_model_parallel_size} CP{lay.context_parallel_size} "
+         f"PP{lay.pipeline_model_parallel_size}")
+    if lay.virtual_pipeline_model_parallel_size:
+        s += f" VPP{lay.virtual_pipeline_model_parallel_size}"
+    if lay.expert_tensor_parallel_size is not None:
+        s += f" EP{lay.expert_model_parallel_size} ETP{lay.expert_tensor_parallel_size}"
+    return s + f" MBS{lay.micro_batch_size}"
+
+
+def _cp(plan: ParallelismPlan, best: PlannedLayout) -> str:
+    seq, cp = plan.seq_length, best.context_parallel_size
+    tpcp = best.tensor_model_parallel_size * cp
+    return (f"1. **CP from the sequence length:** {seq} / 4096 = {seq / 4096:g} → the search "
+            f"starts at CP = {plan.cp_start} (a 4096-token shard per CP rank); memory decides "
+            f"the rest. The best layout uses CP = {cp} ({best.tokens_per_cp_rank} tokens per CP "
+            f"rank; TP·CP = {tpcp} splits the sequence), and "
+            f"seq_length % (2·CP) = {seq % (2 * cp) if cp > 1 else 0}.")
+
+
+def _budget(plan: ParallelismPlan, best: PlannedLayout) -> str:
+    tp, pp, cp = (best.tensor_model_parallel_size, best.pipeline_model_parallel_size,
+                  best.context_parallel_size)
+    n = plan.num_gpus
+    text = (f"2. **GPU budget:** attention mesh {best.attention_mesh} → dense DP = {n} / "
+            f"(TP·PP·CP = {tp * pp * cp}) = {best.data_parallel_size}")
+    if best.expert_mesh:
+        ep, etp = best.expert_model_parallel_size, best.expert_tensor_parallel_size or 1
+        text += (f"; expert mesh {best.expert_mesh} → EDP = {n} / (EP·ETP·PP = "
+                 f"{ep * etp * pp}) = {best.expert_data_parallel_size}; minimum GPUs = "
+                 f"PP·lcm(TP·CP, EP·ETP) = {pp}·lcm({tp * cp}, {ep * etp}) = {best.min_gpus}, "
+                 f"not the product {tp * pp * cp * ep * etp:,}")
+    else:
+        text += f"; minimum GPUs = TP·CP·PP = {best.min_gpus}"
+    dp_note = (" DP = 1 here: the GPU count forces it; preserve DP above its floor when you "
+               "add GPUs." if best.data_parallel_size == 1 else
+               " This keeps DP above its floor (more DP ranks first among layouts that fit).")
+    return text + "." + dp_note
+
+
+def _recompute(cfg: TrainingConfig, best: PlannedLayout) -> str:
+    m = cfg.model
+    if m.recompute_granularity == "selective":
+        now = (f'recompute_granularity="selective" with recompute_modules='
+               f"{list(m.recompute_modules or ['core_attn'])}")
+    elif m.recompute_granularity == "full":
+        now = 'recompute_granularity="full" (as set; selective recompute is cheaper)'
+    else:
+        now = "no recompute (as set)"
+    rung = (f" This layout fits only with: {best.rung}." if best.fit == "with_rung" else
+            " It fits as set.")
+    return (f"3. **Recompute:** priced with {now}; use selective recompute before full "
+            f"(MoE/MLP-side modules such as mla_up_proj, layernorm, moe_act, moe, mlp).{rung}")
+
+
+def _attention(plan: ParallelismPlan) -> str | None:
+    if plan.seq_length < 32768:
+        return None
+    return ("4. **No attention recompute at this length:** do not add core_attn (or "
+            "SDPA-heavy) recompute; full recompute is not offered as a way to fit, it repeats "
+            "attention, which dominates the step at long sequence.")
+
+
+def _nvl72(plan: ParallelismPlan, best: PlannedLayout) -> str | None:
+    if plan.nvlink_domain < 72:
+        return None
+    return (f"5. **NVL72 (NVLink domain {plan.nvlink_domain}):** trade part of CP for TP inside "
+            f"the NVLink domain (CP for TP): TP{best.tensor_model_parallel_size} × "
+            f"CP{best.context_parallel_size} carries the sequence split here.")
+
+
+def _gbs(plan: ParallelismPlan, best: PlannedLayout) -> str:
+    return (f"6. **Global batch:** global_batch_size {plan.global_batch_size} = MBS "
+            f"{best.micro_batch_size} × DP {best.data_parallel_size} × "
+            f"{best.num_microbatches} micro-batches (gradient accumulation); pipeline bubble "
+            f"{best.bubble_fraction:.1%}. As CP rises and DP falls, plan for a smaller GBS or "
+            "more gradient accumulation.")
+
+
+def _dispatcher(plan: ParallelismPlan, cfg: TrainingConfig) -> str | None:
+    m = cfg.model
+    if not m.num_moe_experts:
+        return None
+    p = resolve_precision(cfg)
+    prec = (f"FP8 ({p.fp8_recipe})" if p.fp8 else "FP4" if p.fp4 else
+            "BF16" if p.bf16 else "FP16" if p.fp16 else "FP32")
+    want = "hybridep" if plan.nvlink_domain >= 72 else "deepep"
+    backend = m.moe_flex_dispatcher_backend
+    now = (f"moe_token_dispatcher_type={m.moe_token_dispatcher_type!r}, "
+           f"moe_flex_dispatcher_backend={backend!r}")
+    hint = ("FP8-class (blockwise or tensorwise, not delayed) with flex + DeepEP on H100"
+            if want == "deepep" else "BF16 or MXFP8 with flex + HybridEP on GB200/GB300 NVL72")
+    return f"7. **Precision and dispatcher:** priced in {prec}, {now}; the skill's pick: {hint}."
+
+
+def _offload(cfg: TrainingConfig, best: PlannedLayout) -> str:
+    o = cfg.optimizer
+    if best.fit == "with_rung" and "offload" in (best.rung or ""):
+        state = "needed for this layout (see the rung above)"
+    elif o.optimizer_cpu_offload:
+        state = f"on as set (optimizer_offload_fraction={o.optimizer_offload_fraction:g})"
+    else:
+        state = "not needed for this layout"
+    return ("8. **Optimizer offload:** optimizer CPU offload (optimizer.optimizer_cpu_offload "
+            f"with optimizer_offload_fraction > 0) is {state}; prefer it to layer activation "
+            "offload, which needs PP = 1.")
+
+
+def _graphs(cfg: TrainingConfig) -> str:
+    impl = cfg.model.cuda_graph_impl
+    return ("9. **CUDA graphs last:** only with static shapes (fixed seq_length and MBS); "
+            f"cuda_graph_impl={impl!r} as set - keep eager for variable-length batches.")
+
+
+def _table(plan: ParallelismPlan) -> list[str]:
+    rows = ["| # | layout | DP / EDP | min GPUs | peak GiB (stage) | headroom GiB | fit | "
+            "bubble |", "|---|---|---|---|---|---|---|---|"]
+    for lay in plan.layouts:
+        fit = lay.fit if lay.fit != "with_rung" else f"with: {lay.rung}"
+        rows.append(f"| {lay.rank} | {_sizes(lay)} | {lay.data_parallel_size} / "
+                    f"{lay.expert_data_parallel_size or '-'} | {lay.min_gpus} | "
+                    f"{lay.peak_allocated_gib:.1f} ({lay.most_loaded_stage}) | "
+                    f"{lay.headroom_gib if lay.headroom_gib is not None else '-'} | {fit} | "
+                    f"{lay.bubble_fraction:.1%} |")
+    return rows
+
+
+def _closing(plan: ParallelismPlan, best: PlannedLayout) -> str:
+    layout = {"tp": best.tensor_model_parallel_size, "pp": best.pipeline_model_parallel_size,
+              "vpp": best.virtual_pipeline_model_parallel_size,
+              "cp": best.context_parallel_size, "ep": best.expert_model_parallel_size,
+              "etp": best.expert_tensor_parallel_size, "dp": best.data_parallel_size,
+              "edp": best.expert_data_parallel_size, "min_gpus": best.min_gpus}
+    recs = [{"rank": i + 1, "knob": k, "value": v, "rationale": "plan_parallelism rank 1",
+             "expected_effect": f"peak {best.peak_allocated_gib:.1f} GiB, headroom "
+                                f"{best.headroom_gib} GiB", "evidence": "estimate_memory"}
+            for i, (k, v) in enumerate(best.config_changes.items())]
+    return "```json\n" + json.dumps({"layout": layout, "recommendations": recs}, indent=1) + \
+        "\n```"
+
+
+def plan_markdown(plan: ParallelismPlan, cfg: TrainingConfig) -> str:
+    """The plan as the long-context skill answers: checklist items in order, skipping those
+    that do not apply, then the ranked layouts and the closing JSON block."""
+    if not plan.layouts:
+        reasons = "; ".join(f"{r.family}: {r.reason}" for r in plan.rejected[:5])
+        return (f"No layout of this model fits on {plan.num_gpus} × {plan.gpu} at seq_length "
+                f"{plan.seq_length} (CP search started at {plan.cp_start} = seq / 4096). "
+                f"Rejected: {reasons}. Add GPUs or use a GPU with more memory.")
+    best = plan.layouts[0]
+    head = (f"**Best layout on {plan.num_gpus} × {plan.gpu}:** {_sizes(best)} - peak "
+            f"{best.peak_allocated_gib:.1f} GiB on stage {best.most_loaded_stage}, headroom "
+            f"{best.headroom_gib} GiB of {plan.gpu_capacity_gib:.1f}.")
+    items = [_cp(plan, best), _budget(plan, best), _recompute(cfg, best), _attention(plan),
+             _nvl72(plan, best), _gbs(plan, best), _dispatcher(plan, cfg), _offload(cfg, best),
+             _graphs(cfg)]
+    if plan.seq_length >= 131072:
+        items.append("10. **Container:** at 128K and beyond run on a current container; "
+                     "long-context paths depend on newer kernels and fixes.")
+    body = [head, "", *[i for i in items if i], "", "**Ranked layouts** (validate_config "
+            "passes on each; per-stage memory from estimate_memory):", "", *_table(plan)]
+    if plan.rejected:
+        body += ["", "**Rejected families:** " + "; ".join(
+            f"{r.family} ({r.count}): {r.reason}" for r in plan.rejected[:6])]
+    return "\n".join([*body, "", _closing(plan, best)])

@@ -11,7 +11,8 @@ from mbridge_perf.evals.suite import RunReport
 def table(report: RunReport) -> str:
     rows = [("case", "answer", "recorded", "graded", "rate", "ok")]
     for o in report.outcomes:
-        graded = "-" if o.grade is None else ("pass" if o.grade.passed else "fail")
+        graded = ("unscored" if o.note.startswith("unscored") else "-") if o.grade is None \
+            else ("pass" if o.grade.passed else "fail")
         rate = "-" if o.grade is None else f"{o.grade.summary.pass_rate:.0%}"
         rows.append((o.case, o.answer, o.verdict, graded, rate, "ok" if o.ok else "WRONG"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -20,6 +21,8 @@ def table(report: RunReport) -> str:
     for o in report.outcomes:
         if not o.ok:
             lines.append(f"WRONG {o.case}/{o.answer}: {o.note}")
+        elif o.note.startswith("unscored"):
+            lines.append(f"UNSCORED {o.case}/{o.answer}: {o.note}")
     n_ok = sum(o.ok for o in report.outcomes)
     golden = sum(o.verdict == "golden" for o in report.outcomes)
     bad = sum(o.verdict == "bad" for o in report.outcomes)
@@ -44,6 +47,8 @@ def junit(report: RunReport, path: Path) -> None:
                            name=f"{o.answer} ({o.verdict})", time=f"{o.seconds:.4f}")
         if not o.ok:
             ET.SubElement(tc, "failure", message=o.note[:500]).text = o.note
+        elif o.note.startswith("unscored"):
+            ET.SubElement(tc, "skipped", message=o.note[:500])
         elif o.grade is not None:
             ET.SubElement(tc, "system-out").text = "\n".join(
                 f"[{'PASS' if e.passed else 'FAIL'}] {e.text} — {e.evidence}"

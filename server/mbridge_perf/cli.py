@@ -145,6 +145,29 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
     return 0 if plan.first_fitting_step is not None else 1
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from mbridge_perf.advise.parallelism import plan_parallelism
+    from mbridge_perf.config.errors import ConfigError
+
+    try:
+        constraints: dict[str, list[int]] = {}
+        for item in args.fix:
+            name, _, values = item.partition("=")
+            try:
+                constraints[name.strip()] = [int(v) for v in values.split(",") if v.strip()]
+            except ValueError:
+                raise ConfigError(f"constraints.{name.strip()}", "expected whole numbers "
+                                  "separated by commas, e.g. context_parallel_size=16,32") from None
+        plan = plan_parallelism(_load_config(args), args.gpus, args.gpu, args.seq, args.gbs,
+                                micro_batch_size=args.mbs, top_k=args.top,
+                                constraints=constraints or None)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(plan.model_dump_json(indent=2) if args.json else plan.answer_markdown)
+    return 0 if any(lay.fit != "no" for lay in plan.layouts) else 1
+
+
 def _cmd_diagnose(args: argparse.Namespace) -> int:
     from mbridge_perf.advise.oom import SCAN_CHARS, diagnose_oom
     from mbridge_perf.config.errors import ConfigError
@@ -309,6 +332,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory budget per GPU in GiB (default: the GPU's capacity)")
     p.add_argument("--gpu", help="GPU kind, e.g. H100, GB200 (default: cluster.gpu)")
     p.set_defaults(func=_cmd_recommend)
+
+    p = sub.add_parser("plan", help="ranked parallel layouts for a model on N GPUs",
+                       description="Exit 0: a layout fits; 1: none fits; 2: unusable input.")
+    _add_config_args(p)
+    p.add_argument("--gpus", type=bounded(int, 1, 1_048_576), required=True,
+                   help="GPU count (world size)")
+    p.add_argument("--gpu", required=True, help="GPU kind, e.g. H100, GB200")
+    p.add_argument("--seq", type=bounded(int, 1, 16_777_216), required=True,
+                   help="seq_length, e.g. 131072")
+    p.add_argument("--gbs", type=bounded(int, 1, 100_000_000), required=True,
+                   help="global_batch_size")
+    p.add_argument("--mbs", type=bounded(int, 1, 4096), default=None,
+                   help="micro_batch_size (default: searched, 1 first)")
+    p.add_argument("--top", type=bounded(int, 1, 50), default=10, help="layouts to return")
+    p.add_argument("--fix", action="append", default=[], metavar="SIZE=V1,V2",
+                   help="allowed values of a size, e.g. expert_tensor_parallel_size=1 "
+                        "(repeatable; Bridge field names)")
+    p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("diagnose", help="classify a CUDA OOM message or training log",
                        description="Reads the log's tail. Exit 0 unless the input is "

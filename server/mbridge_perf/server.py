@@ -21,10 +21,12 @@ from pydantic import BaseModel, Field, ValidationError
 
 from mbridge_perf import __version__
 from mbridge_perf.advise.oom import OOMDiagnosis
+from mbridge_perf.advise.parallelism import ParallelismPlan, PlanConstraints
 from mbridge_perf.advise.recompute import RecomputePlan
 from mbridge_perf.bench.reports import RunComparison, RunHandle, RunResult, RunStatus
 from mbridge_perf.config.errors import ConfigError, type_problem
 from mbridge_perf.config.load import ConfigSource, load_source
+from mbridge_perf.config.model import MAX_GPUS
 from mbridge_perf.evals.grade import Grade
 from mbridge_perf.memory.estimate import MemoryReport
 from mbridge_perf.rules.validate import ValidationReport
@@ -296,8 +298,48 @@ def _advise_tools() -> list[tuple[Callable[..., Any], str, ToolAnnotations]]:
         cfg = _config(config) if config is not None else None
         return diagnose(text, cfg)
 
+    def plan_parallelism(
+            config: Annotated[ConfigSource, Field(
+                description="The model and training setup: {preset: 'deepseek-v3'} or the "
+                            "Bridge config (its precision, recompute, optimizer and offload "
+                            "are kept; its parallel sizes are what is planned).")],
+            num_gpus: Annotated[int, Field(ge=1, le=MAX_GPUS, description="GPU count.")],
+            gpu: Annotated[str, Field(max_length=64, description="GPU kind, e.g. 'H100', "
+                                                                 "'GB200'.")],
+            seq_length: Annotated[int, Field(ge=1, le=16_777_216,
+                                             description="Training sequence length.")],
+            global_batch_size: Annotated[int, Field(ge=1, le=100_000_000,
+                                                    description="Global batch size (GBS).")],
+            micro_batch_size: Annotated[int | None, Field(
+                ge=1, le=4096, description="Fixed MBS (default: searched, 1 first).")] = None,
+            top_k: Annotated[int, Field(ge=1, le=50, description="Layouts to return.")] = 10,
+            constraints: Annotated[PlanConstraints | None, Field(
+                description="Allowed values per size (Bridge names), e.g. "
+                            "{expert_tensor_parallel_size: [1]}.")] = None,
+    ) -> ParallelismPlan:
+        """Every valid parallel layout (TP, PP, VPP with uneven splits as Bridge writes them,
+        CP, EP, ETP, DP, EDP, MBS) of a model on num_gpus GPUs, with Parallel Folding
+        (TP·CP·DP·PP = N, ETP·EP·EDP·PP = N) and the divisibility rules, priced per pipeline
+        stage by estimate_memory with the config's recompute / offload, and ranked the way the
+        skills rank: fits with headroom, smallest footprint PP·lcm(TP·CP, EP·ETP), most DP, EP
+        before ETP, smaller TP, fewest pipeline bubbles. CP search starts at seq_length / 4096.
+        Says when a layout fits only with a selective-recompute module or optimizer offload
+        (never full recompute at long context). Returns layouts (sizes, both meshes, per-stage
+        peaks, headroom, micro-batches, bubble fraction, config_changes, reasons), rejected
+        families with the rule or memory number, counts and answer_markdown. Pure arithmetic,
+        needs no GPU."""
+        from mbridge_perf.advise.parallelism import plan_parallelism as plan
+
+        cfg = _config(config)
+        try:
+            return plan(cfg, num_gpus, gpu, seq_length, global_batch_size,
+                        micro_batch_size=micro_batch_size, top_k=top_k, constraints=constraints)
+        except ConfigError as exc:
+            raise ToolError(f"{exc}. Fix that field and call again.") from None
+
     return [(recommend_recompute, "Recommend recompute / memory steps", PURE),
-            (diagnose_oom, "Diagnose a GPU OOM", PURE)]
+            (diagnose_oom, "Diagnose a GPU OOM", PURE),
+            (plan_parallelism, "Plan parallel layouts", PURE)]
 
 
 def _eval_tools(root: Path | None) -> list[tuple[Callable[..., Any], str, ToolAnnotations]]:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from mbridge_perf.advise.changes import apply_changes, as_overrides
 from mbridge_perf.advise.layouts import (
@@ -40,7 +40,8 @@ from mbridge_perf.advise.pricing import (
     rescue,
     staircase,
 )
-from mbridge_perf.config.errors import ConfigError
+from mbridge_perf.config.derived import resolve_precision
+from mbridge_perf.config.errors import ConfigError, type_problem
 from mbridge_perf.config.gpus import lookup_gpu
 from mbridge_perf.config.model import MAX_GPUS, TrainingConfig
 from mbridge_perf.rules.validate import validate
@@ -50,18 +51,22 @@ MAX_CONSTRAINT_VALUES = 32
 RESCUE_BUDGET = 40
 
 
+Sizes = Annotated[list[Annotated[int, Field(ge=1, le=MAX_GPUS)]] | None,
+                  Field(min_length=1, max_length=MAX_CONSTRAINT_VALUES)]
+
+
 class PlanConstraints(BaseModel):
     """Allowed values per size (Bridge field names); a missing key means "any"."""
 
     model_config = {"extra": "forbid"}
 
-    tensor_model_parallel_size: list[int] | None = None
-    pipeline_model_parallel_size: list[int] | None = None
-    virtual_pipeline_model_parallel_size: list[int] | None = None
-    context_parallel_size: list[int] | None = None
-    expert_model_parallel_size: list[int] | None = None
-    expert_tensor_parallel_size: list[int] | None = None
-    micro_batch_size: list[int] | None = None
+    tensor_model_parallel_size: Sizes = None
+    pipeline_model_parallel_size: Sizes = None
+    virtual_pipeline_model_parallel_size: Sizes = None
+    context_parallel_size: Sizes = None
+    expert_model_parallel_size: Sizes = None
+    expert_tensor_parallel_size: Sizes = None
+    micro_batch_size: Sizes = None
 
 
 class StagePeak(BaseModel):
@@ -153,13 +158,16 @@ def _constraints(c: PlanConstraints | dict[str, Any] | None) -> dict[str, list[i
     if c is None:
         return {}
     if isinstance(c, dict):
+        bad = [k for k in c if k not in SIZE_FIELDS]
+        if bad:
+            raise ConfigError(f"constraints.{str(bad[0])[:60]}", "unknown size; use "
+                              + ", ".join(SIZE_FIELDS))
         try:
             c = PlanConstraints.model_validate(c)
-        except ValueError:  # pydantic's ValidationError: one line naming the field
-            bad = [k for k in c if k not in SIZE_FIELDS]
-            raise ConfigError(f"constraints.{bad[0]}" if bad else "constraints",
-                              "unknown size or not a list of whole numbers; use "
-                              + ", ".join(SIZE_FIELDS)) from None
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise ConfigError("constraints." + ".".join(str(x) for x in err["loc"]),
+                              type_problem(err)) from None
     out = {}
     for k, v in c.model_dump(exclude_none=True).items():
         if not v or len(v) > MAX_CONSTRAINT_VALUES:
@@ -467,9 +475,13 @@ def plan_parallelism(cfg: TrainingConfig, num_gpus: int, gpu: str, seq_length: i
 def _notes(cfg: TrainingConfig, layouts: list[PlannedLayout], seq: int,
            nvlink: int) -> list[str]:
     notes = []
-    if not layouts:
+    if not layouts or all(lay.fit == "no" for lay in layouts):
         notes.append("No layout fits, even with the rescue ladder: more GPUs, a GPU with more "
                      "memory, or a shorter sequence.")
+    p = resolve_precision(cfg)
+    if not (p.bf16 or p.fp16):
+        notes.append("Priced in FP32 (no mixed_precision or model.bf16 in the config): set "
+                     "mixed_precision, e.g. bf16_mixed, as every Bridge recipe does.")
     if seq >= LONG_CONTEXT:
         notes.append("Full recompute is not offered as a way to fit at this sequence length: "
                      "it recomputes attention, which dominates the step at long context "

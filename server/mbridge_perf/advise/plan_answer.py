@@ -65,8 +65,10 @@ def _recompute(cfg: TrainingConfig, best: PlannedLayout) -> str:
         now = 'recompute_granularity="full" (as set; selective recompute is cheaper)'
     else:
         now = "no recompute (as set)"
-    rung = (f" This layout fits only with: {best.rung}." if best.fit == "with_rung" else
-            " It fits as set.")
+    rung = {"with_rung": f" This layout fits only with: {best.rung}.",
+            "as_set": " It fits as set.",
+            "no": " It does not fit even with the selective modules and optimizer offload."}[
+        best.fit]
     return (f"3. **Recompute:** priced with {now}; use selective recompute before full "
             f"(MoE/MLP-side modules such as mla_up_proj, layernorm, moe_act, moe, mlp).{rung}")
 
@@ -152,7 +154,8 @@ def _closing(plan: ParallelismPlan, best: PlannedLayout) -> str:
     recs = [{"rank": i + 1, "knob": k, "value": v, "rationale": "plan_parallelism rank 1",
              "expected_effect": f"peak {best.peak_allocated_gib:.1f} GiB, headroom "
                                 f"{best.headroom_gib} GiB", "evidence": "estimate_memory"}
-            for i, (k, v) in enumerate(best.config_changes.items())]
+            for i, (k, v) in enumerate(
+                (k, v) for k, v in best.config_changes.items() if v is not None and v is not False)]
     return "```json\n" + json.dumps({"layout": layout, "recommendations": recs}, indent=1) + \
         "\n```"
 
@@ -166,7 +169,8 @@ def plan_markdown(plan: ParallelismPlan, cfg: TrainingConfig) -> str:
                 f"{plan.seq_length} (CP search started at {plan.cp_start} = seq / 4096). "
                 f"Rejected: {reasons}. Add GPUs or use a GPU with more memory.")
     best = plan.layouts[0]
-    head = (f"**Best layout on {plan.num_gpus} × {plan.gpu}:** {_sizes(best)} - peak "
+    verdict = "Best layout" if best.fit != "no" else "Nothing fits; closest layout"
+    head = (f"**{verdict} on {plan.num_gpus} × {plan.gpu}:** {_sizes(best)} - peak "
             f"{best.peak_allocated_gib:.1f} GiB on stage {best.most_loaded_stage}, headroom "
             f"{best.headroom_gib} GiB of {plan.gpu_capacity_gib:.1f}.")
     items = [_cp(plan, best), _budget(plan, best), _recompute(cfg, best), _attention(plan),
@@ -175,8 +179,9 @@ def plan_markdown(plan: ParallelismPlan, cfg: TrainingConfig) -> str:
     if plan.seq_length >= 131072:
         items.append("10. **Container:** at 128K and beyond run on a current container; "
                      "long-context paths depend on newer kernels and fixes.")
-    body = [head, "", *[i for i in items if i], "", "**Ranked layouts** (validate_config "
-            "passes on each; per-stage memory from estimate_memory):", "", *_table(plan)]
+    body = [head, *[f"> {n}" for n in plan.notes], "", *[i for i in items if i], "",
+            "**Ranked layouts** (validate_config passes on each; per-stage memory from "
+            "estimate_memory):", "", *_table(plan)]
     if plan.rejected:
         body += ["", "**Rejected families:** " + "; ".join(
             f"{r.family} ({r.count}): {r.reason}" for r in plan.rejected[:6])]

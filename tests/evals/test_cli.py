@@ -108,3 +108,26 @@ def test_ci_runs_the_eval_suite() -> None:
     script = (REPO / "scripts" / "run-tests").read_text(encoding="utf-8")
     assert "\nmbridge-perf eval run " in script
     assert script.index("mbridge-perf eval run") < script.index("python -m pytest")
+
+
+def test_validate_names_a_missing_input_and_a_schema_error(tmp_path: Path) -> None:
+    root = _pack_copy(tmp_path)
+    path = root / "skills" / "nemo-mbridge-perf-memory-tuning" / "evals" / "evals.json"
+    cases = json.loads(path.read_text())
+    tool_case = next(c for c in cases if c.get("tool") == "diagnose_oom")
+    tool_case["log"] = "../../../etc/passwd"
+    path.write_text(json.dumps(cases))
+    r = subprocess.run([tool("mbridge-perf"), "eval", "validate"], cwd=root, text=True,
+                       capture_output=True, timeout=60, env={"MBRIDGE_PERF_PACK": str(root)})
+    assert r.returncode == 1 and "log" in r.stdout, r.stdout
+    tool_case["log"] = "no-such.log"
+    path.write_text(json.dumps(cases))
+    r = subprocess.run([tool("mbridge-perf"), "eval", "validate"], cwd=root, text=True,
+                       capture_output=True, timeout=60, env={"MBRIDGE_PERF_PACK": str(root)})
+    assert r.returncode == 1 and "'no-such.log' must be a file under" in r.stdout, r.stdout
+    del tool_case["log"], tool_case["config"]
+    path.write_text(json.dumps(cases))
+    r = subprocess.run([tool("mbridge-perf"), "eval", "validate"], cwd=root, text=True,
+                       capture_output=True, timeout=60, env={"MBRIDGE_PERF_PACK": str(root)})
+    assert r.returncode == 1 and tool_case["id"] not in r.stderr and "Traceback" not in r.stderr
+    assert "evals.json" in r.stdout

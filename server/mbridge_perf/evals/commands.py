@@ -20,9 +20,13 @@ def _root() -> Path:
 
 def validate_evals(root: Path) -> list[str]:
     """Schema errors of every evals.json, and case inputs (config, log) that do not load."""
-    from mbridge_perf.evals.tools import _file, case_config
-    from mbridge_perf.skillpack.lint import _schema_errors
+    import jsonschema
+
+    from mbridge_perf.evals.tools import case_config, case_file
     from mbridge_perf.skillpack.pack import EVALS_FILE, list_skills
+    from mbridge_perf.skillpack.schemas import load_schema
+
+    validator = jsonschema.Draft202012Validator(load_schema("evals"))
 
     problems: list[str] = []
     for skill in list_skills(root):
@@ -32,7 +36,9 @@ def validate_evals(root: Path) -> list[str]:
         except (PackError, OSError) as exc:
             problems.append(f"{path}: {exc}")
             continue
-        errors = [f"{path}: {m}" for m in _schema_errors(data, "evals")]
+        errors = [f"{path}: {'/'.join(str(p) for p in e.absolute_path) or '(top level)'}: "
+                  f"{' '.join(e.message.split())[:200]}"
+                  for e in sorted(validator.iter_errors(data), key=lambda e: list(e.path))]
         problems += errors
         if errors:
             continue
@@ -40,7 +46,7 @@ def validate_evals(root: Path) -> list[str]:
             try:
                 case_config(case)
                 if "log" in case.data:
-                    _file(case, case.data["log"], "log")
+                    case_file(case, case.data["log"], "log")
             except SuiteError as exc:
                 problems.append(f"{path}: {exc}")
     return problems

@@ -58,10 +58,6 @@ def find_case(root: Path, case_id: str) -> Case:
                      "(`mbridge-perf eval run` lists them)")
 
 
-def grade_file(case: Case, path: Path) -> Grade:
-    return grade_case(case.data, case.skill.card, load_answer(path), case.skill.folder_name)
-
-
 @dataclass
 class Outcome:
     """One graded answer and whether the grader judged it as its recording says it should."""

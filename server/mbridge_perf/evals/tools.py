@@ -19,7 +19,8 @@ MAX_INPUT_BYTES = 2_000_000
 _SOURCE_KEYS = {"preset", "file", "bridge_config", "overrides", "perf_flags"}
 
 
-def _file(case: Case, rel: str, what: str) -> str:
+def case_file(case: Case, rel: str, what: str) -> str:
+    """A file the case names, confined to its skill's evals/ folder (never elsewhere)."""
     folder = (case.skill.path / "evals").resolve()
     path = (folder / rel).resolve()
     if not path.is_relative_to(folder) or not path.is_file():
@@ -39,11 +40,11 @@ def case_config(case: Case) -> TrainingConfig | None:
     if raw is None:
         return None
     if isinstance(raw, str):
-        src = ConfigSource(bridge_config=_file(case, raw, "config"))
+        src = ConfigSource(bridge_config=case_file(case, raw, "config"))
     elif set(raw) <= _SOURCE_KEYS:
         fields = {k: v for k, v in raw.items() if k != "file"}
         if "file" in raw:
-            fields["bridge_config"] = _file(case, raw["file"], "config.file")
+            fields["bridge_config"] = case_file(case, raw["file"], "config.file")
         src = ConfigSource(**fields)
     else:
         src = ConfigSource(bridge_config=raw)
@@ -75,7 +76,7 @@ def _estimate(cfg: TrainingConfig | None, log: str | None, args: dict[str, Any])
 
 
 def _plan(cfg: TrainingConfig | None, log: str | None, args: dict[str, Any]) -> Any:
-    from mbridge_perf.advise.parallelism import plan_parallelism  # type: ignore[import-not-found]
+    from mbridge_perf.advise.parallelism import plan_parallelism
 
     return plan_parallelism(_need(cfg), **args)
 
@@ -96,7 +97,7 @@ def run_tool(case: Case) -> dict[str, Any]:
     """The tool's output as JSON data (raises ImportError when the tool does not exist)."""
     tool = case.data["tool"]
     cfg = case_config(case)
-    log = _file(case, case.data["log"], "log") if "log" in case.data else None
+    log = case_file(case, case.data["log"], "log") if "log" in case.data else None
     out = TOOLS[tool](cfg, log, dict(case.data.get("tool_args", {})))
     return out.model_dump(mode="json") if hasattr(out, "model_dump") else dict(out)
 

@@ -113,7 +113,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
     from mbridge_perf.config.errors import ConfigError
-    from mbridge_perf.memory.estimate import estimate_memory, format_estimate
+    from mbridge_perf.memory.answer import estimate_with_answer as estimate_memory
+    from mbridge_perf.memory.estimate import format_estimate
 
     try:
         cfg = _load_config(args)

@@ -131,3 +131,18 @@ def test_validate_names_a_missing_input_and_a_schema_error(tmp_path: Path) -> No
                        capture_output=True, timeout=60, env={"MBRIDGE_PERF_PACK": str(root)})
     assert r.returncode == 1 and tool_case["id"] not in r.stderr and "Traceback" not in r.stderr
     assert "evals.json" in r.stdout
+
+
+def test_a_tools_json_output_is_graded_by_its_answer_markdown(tmp_path: Path) -> None:
+    out = subprocess.run([tool("mbridge-perf"), "estimate", "examples/llama3_70b_sft_h100.yaml",
+                          "--preset", "llama3-70b", "--json"], cwd=REPO, text=True,
+                         capture_output=True, timeout=120)
+    answer = tmp_path / "estimate.json"
+    answer.write_text(out.stdout)
+    r = run("grade", "--case", "memory-tuning-positive-prelaunch-estimate", "--answer",
+            str(answer), "--tool-calls", "estimate_memory", "--json")
+    data = json.loads(r.stdout)
+    assert r.returncode == 0 and data["passed"] is True, [
+        e for e in data["expectations"] if not e["passed"]]
+    assert any(e["text"].endswith("$.per_stage[*]") and e["passed"]
+               for e in data["expectations"])

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from mbridge_perf.evals.answer import AnswerError, load_answer
+from mbridge_perf.evals.answer import AnswerError, load_answer, tool_name
 from mbridge_perf.evals.grade import Grade, grade_case, grade_skill
 from mbridge_perf.evals.suite import SuiteError, all_cases, find_case
 from mbridge_perf.skillpack.pack import PackError, find_pack_root, get_skill
@@ -79,6 +79,8 @@ def _print_grade(grade: Grade, as_json: bool) -> None:
 def _cmd_grade(args: argparse.Namespace) -> int:
     root = _root()
     answer = load_answer(Path(args.answer))
+    if args.tool_calls is not None:
+        answer.tool_calls = [tool_name(t) for t in args.tool_calls.split(",") if t.strip()]
     if args.case:
         case = find_case(root, args.case)
         grade = grade_case(case.data, case.skill.card, answer, case.skill.folder_name)
@@ -129,6 +131,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     who.add_argument("--skill", help="skill name: grade against its answer checklist alone")
     q.add_argument("--answer", required=True, help="answer file")
     q.add_argument("--json", action="store_true", help="JSON with a top-level boolean passed")
+    q.add_argument("--tool-calls", help="comma-separated tools the answer came from or called "
+                                        "(overrides the front matter), e.g. estimate_memory")
     q.set_defaults(func=_guarded(_cmd_grade))
     q = act.add_parser("run", help="grade every recorded answer and our tools' answers")
     q.add_argument("--skill", help="only this skill's cases")

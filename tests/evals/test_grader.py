@@ -43,7 +43,8 @@ def test_sizes_do_not_match_inside_other_sizes_or_labels() -> None:
     "Do not raise TP to 8.", "Avoid TP=8 here.", "Use expandable segments instead of TP=8.",
     "TP=8 should not be the first fix.", "TP=8 is blocked by the NVLink domain.",
     "TP=8 is incompatible with this layout.", "Your teammate wants TP=8.",
-    "If you raise TP to 8, throughput drops.",
+    "If you raise TP to 8, throughput drops.", "Avoid: TP=8, PP=8 and CPU offload.",
+    "❌ TP=8 (costs 28.4%)",
 ])
 def test_negated_reported_or_conditional_mentions_are_not_advice(text: str) -> None:
     assert not rec(text, "TP=8")

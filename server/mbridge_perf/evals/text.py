@@ -74,7 +74,7 @@ _PREFIX = re.compile(
     r"\b(?:do not|don't|dont|does not|doesn't|never|avoid(?:ing)?|instead of|rather than|not|no|"
     r"without|nor|neither|reject(?:ed)?|against|stop|drop|disable|turn off|switch off|remove|"
     r"skip|cannot|can't|won't|will not|wrong|myth|bad idea|refuse[sd]?|forbid(?:den)?|"
-    r"do not use|unsafe)\b")
+    r"do not use|unsafe)\b|[❌✗🚫]")
 _SUFFIX = re.compile(
     r"\b(?:blocked|incompatible|unsupported|not supported|not possible|impossible|is not|are not|"
     r"isn't|aren't|should not|shouldn't|must not|does not|doesn't|do not|did not|didn't|won't|"
@@ -160,7 +160,7 @@ def is_recommended(unit: Unit, start: int, end: int) -> bool:
     late, cond = _spans(_LATE, s), _spans(_COND, s)
     if _inside(cond, start, end) and not _inside(late, start, end):
         return False
-    if _REPORTED.search(s, lo, hi):
+    if _REPORTED.search(s, lo, hi) or _under_label(s, start):
         return False
     skip = late + cond
     for cue in _PREFIX.finditer(s, lo, start):
@@ -171,6 +171,18 @@ def is_recommended(unit: Unit, start: int, end: int) -> bool:
             return False
     nf = _NOT_FIRST.search(s, end, hi)
     return not (nf and not _masked(skip, nf.start(), nf.end()))
+
+
+# "Avoid: TP=8, PP=8" — a cue used as a label negates the rest of the unit up to a ";".
+_LABEL = re.compile(r"\b(?:avoid|do not|don't|never|rejected|not recommended|what not to do|"
+                    r"wrong|mistakes?|claims to avoid)\s*:")
+
+
+def _under_label(s: str, start: int) -> bool:
+    for m in _LABEL.finditer(s, 0, start):
+        if ";" not in s[m.end():start]:
+            return True
+    return False
 
 
 _PAREN_LEAD = re.compile(r"\(\s*(?:it |is |are |both |all |now |currently |still )*$")

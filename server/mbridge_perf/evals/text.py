@@ -179,10 +179,7 @@ _LABEL = re.compile(r"\b(?:avoid|do not|don't|never|rejected|not recommended|wha
 
 
 def _under_label(s: str, start: int) -> bool:
-    for m in _LABEL.finditer(s, 0, start):
-        if ";" not in s[m.end():start]:
-            return True
-    return False
+    return any(";" not in s[m.end():start] for m in _LABEL.finditer(s, 0, start))
 
 
 _PAREN_LEAD = re.compile(r"\(\s*(?:it |is |are |both |all |now |currently |still )*$")

@@ -351,6 +351,8 @@ def _finalize(base: TrainingConfig, cands: list[_Cand], top_k: int, count: Count
         out.append(c)
         best[c.family] = c
     out.sort(key=_Cand.key)
+    if any(c.fit != "no" for c in out):  # the closest misses only when nothing fits
+        out = [c for c in out if c.fit != "no"]
     return out
 
 
@@ -466,15 +468,18 @@ def plan_parallelism(cfg: TrainingConfig, num_gpus: int, gpu: str, seq_length: i
         num_gpus=n, gpu=spec.name, gpu_capacity_gib=spec.capacity_gib,
         nvlink_domain=spec.nvlink_domain, seq_length=seq, global_batch_size=gbs,
         cp_start=start, layouts=layouts, rejected=_rejected(rej), counts=counts,
-        notes=_notes(base, layouts, seq, spec.nvlink_domain), answer_markdown="")
+        notes=_notes(base, layouts, seq, spec.nvlink_domain, count.errors),
+        answer_markdown="")
     from mbridge_perf.advise.plan_answer import plan_markdown
 
     return plan.model_copy(update={"answer_markdown": plan_markdown(plan, base)})
 
 
 def _notes(cfg: TrainingConfig, layouts: list[PlannedLayout], seq: int,
-           nvlink: int) -> list[str]:
+           nvlink: int, errors: list[str]) -> list[str]:
     notes = []
+    if not layouts and errors:
+        notes.append(f"The estimator refused the config: {errors[0]}")
     if not layouts or all(lay.fit == "no" for lay in layouts):
         notes.append("No layout fits, even with the rescue ladder: more GPUs, a GPU with more "
                      "memory, or a shorter sequence.")
@@ -492,6 +497,9 @@ def _notes(cfg: TrainingConfig, layouts: list[PlannedLayout], seq: int,
     return notes
 
 
-def layout_config(cfg: TrainingConfig, layout: PlannedLayout) -> TrainingConfig:
-    """The config a returned layout was priced on (for validate_config / estimate_memory)."""
-    return apply_changes(cfg, layout.config_changes)
+def layout_config(cfg: TrainingConfig, plan: ParallelismPlan,
+                  layout: PlannedLayout) -> TrainingConfig:
+    """The config a returned layout was priced on (for validate_config / estimate_memory):
+    ``cfg`` at the plan's world, GPU, sequence and batch, with the layout's changes."""
+    base = _base(cfg, plan.num_gpus, plan.gpu, plan.seq_length, plan.global_batch_size)
+    return apply_changes(base, layout.config_changes)

@@ -179,9 +179,11 @@ def plan_markdown(plan: ParallelismPlan, cfg: TrainingConfig) -> str:
     if plan.seq_length >= 131072:
         items.append("10. **Container:** at 128K and beyond run on a current container; "
                      "long-context paths depend on newer kernels and fixes.")
-    body = [head, *[f"> {n}" for n in plan.notes], "", *[i for i in items if i], "",
+    body = [head, "", *[i for i in items if i], "",
             "**Ranked layouts** (validate_config passes on each; per-stage memory from "
             "estimate_memory):", "", *_table(plan)]
+    if plan.notes:
+        body += ["", *[f"> {n}" for n in plan.notes]]
     if plan.rejected:
         body += ["", "**Rejected families:** " + "; ".join(
             f"{r.family} ({r.count}): {r.reason}" for r in plan.rejected[:6])]

@@ -146,7 +146,9 @@ def _selective_order(cfg: TrainingConfig) -> list[str]:
     m = cfg.model
     kinds = layer_kinds(m)
     moe = any(k.mlp == "moe" for k in kinds)
-    order = [] if attention_is_fused(cfg) else ["core_attn"]
+    # core_attn only with unfused attention, and never at long context (it repeats attention)
+    order = [] if attention_is_fused(cfg) or (m.seq_length or 0) >= LONG_CONTEXT else [
+        "core_attn"]
     if any(k.mixer == "mla" for k in kinds):
         order.append("mla_up_proj")
     if moe and m.moe_grouped_gemm:
@@ -210,7 +212,6 @@ def rescue(p: Priced, count: Counter) -> Priced | None:
     kept: dict[str, Any] = {}
     mods = list(p.cfg.model.recompute_modules or ["core_attn"]) if \
         p.cfg.model.recompute_granularity == "selective" else []
-    done: list[str] = []
     for step in rescue_steps(p.cfg):
         delta = dict(step.changes)
         if step.name == "selective":
@@ -229,7 +230,24 @@ def rescue(p: Priced, count: Counter) -> Priced | None:
         kept = trial
         if step.name == "selective":
             mods = list(delta["model.recompute_modules"])
-        done.append(step.action)
         if rep.fits:
-            return Priced(p.sk, p.cp, cfg, rep, Rung(step.name, "; ".join(done), trial))
+            return Priced(p.sk, p.cp, cfg, rep, Rung(step.name, describe(p.cfg, trial), trial))
     return None
+
+
+def describe(cfg: TrainingConfig, changes: dict[str, Any]) -> str:
+    """A rung's kept changes in words: the allocator, the modules added, the offload."""
+    out = []
+    if "env.PYTORCH_CUDA_ALLOC_CONF" in changes:
+        out.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    if changes.get("model.recompute_granularity") == "full":
+        out.append('full recompute (recompute_method="uniform", recompute_num_layers=1)')
+    elif "model.recompute_modules" in changes:
+        had = set(cfg.model.recompute_modules or []) if \
+            cfg.model.recompute_granularity == "selective" else set()
+        added = [x for x in changes["model.recompute_modules"] if x not in had]
+        out.append(f"selective recompute_modules += {added}")
+    if changes.get("optimizer.optimizer_cpu_offload"):
+        out.append("optimizer CPU offload, optimizer_offload_fraction="
+                   f"{changes['optimizer.optimizer_offload_fraction']:g}")
+    return "; ".join(out)

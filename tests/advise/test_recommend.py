@@ -69,6 +69,23 @@ def test_seed_case_says_core_attn_frees_about_nothing_under_fused_attention() ->
     assert "core_attn" not in selective_modules(plan)
 
 
+def test_seed_selective_steps_drop_core_attn_under_fused_attention_and_say_why() -> None:
+    """The seed recomputes [core_attn] under fused attention: the selective steps write lists
+    without it (frees ≈ 0, costs step time; mlp alone beat mlp + core_attn, 593.6 vs 586.8)."""
+    plan = recommend_recompute(seed(), target_gib=40)
+    steps = [s for s in plan.steps if s.rung == "selective"]
+    assert steps and all("core_attn" not in s.config_changes["model.recompute_modules"]
+                         for s in steps)
+    assert "drops core_attn" in steps[0].rationale and "costs step time" in steps[0].rationale
+
+
+def test_unfused_attention_keeps_core_attn_in_the_selective_lists() -> None:
+    plan = recommend_recompute(seed("model.attention_backend=unfused"), target_gib=40)
+    lists = [s.config_changes["model.recompute_modules"] for s in plan.steps
+             if s.rung == "selective"]
+    assert lists and all("core_attn" in mods for mods in lists)
+
+
 def test_seed_mlp_step_quotes_the_measured_16_percent_with_its_source() -> None:
     plan = recommend_recompute(seed())
     mlp = next(s for s in plan.steps if s.rung == "selective"

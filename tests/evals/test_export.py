@@ -53,7 +53,7 @@ def test_drift_is_detected(tmp_path: Path) -> None:
     assert drift(root) == []
     victim = next((root / "evals").glob("*/case.yaml"))
     victim.write_text(victim.read_text().replace("runs: 3", "runs: 4"))
-    (root / "evals" / "stale-case" ).mkdir()
+    (root / "evals" / "stale-case").mkdir()
     (root / "evals" / "stale-case" / "case.yaml").write_text("name: stale\n")
     problems = drift(root)
     assert any("differs from evals.json" in p for p in problems)

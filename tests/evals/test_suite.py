@@ -4,6 +4,7 @@ recommendations swapped, or a "do not" removed) flips to a fail."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -48,7 +49,7 @@ def test_the_whole_run_is_green_and_writes_grading_json(tmp_path: Path) -> None:
     bad = [o for o in report.outcomes if o.verdict == "bad"]
     assert len(golden) >= 32 and len(bad) >= 52
     sample = tmp_path / golden[0].case / "golden" / "grading.json"
-    data = __import__("json").loads(sample.read_text())
+    data = json.loads(sample.read_text())
     assert set(data["summary"]) == {"passed", "failed", "total", "pass_rate"}
     assert all(set(e) == {"text", "passed", "evidence"} for e in data["expectations"])
     assert all(e["evidence"] for e in data["expectations"])

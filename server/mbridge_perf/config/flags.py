@@ -193,6 +193,11 @@ _LAUNCH_ONLY = frozenset({
 _NO_VALUE = frozenset({"-d", "--dryrun", "--deterministic", "--list_config_variants"})
 
 
+def flag_names() -> frozenset[str]:
+    """Every perf-harness flag this reader knows, as written (`-tp`, `--recompute_modules`)."""
+    return frozenset(_HANDLERS) | frozenset(_ALIASES)
+
+
 def parse_perf_flags(args: Sequence[str]) -> tuple[Overrides, str | None]:
     """Return (overrides in order, preset name from `-mr/--model_recipe_name` if any).
     Trailing `section.field=value` items are Hydra overrides, applied after the flags."""

@@ -34,7 +34,7 @@ class Allowlist:
 
 @cache
 def allowlist() -> Allowlist:
-    from mbridge_perf.config.flags import _ALIASES, _HANDLERS
+    from mbridge_perf.config.flags import flag_names
     from mbridge_perf.rules.cudagraph import GRAPH_MODULE_NAMES
     from mbridge_perf.rules.recompute import GRAPH_IMPLS, RECOMPUTE_LABELS
 
@@ -43,7 +43,7 @@ def allowlist() -> Allowlist:
     data = json.loads(text)
     sections = {k: frozenset(v) for k, v in data["sections"].items()}
     sections["cluster"] = frozenset({"num_gpus", "gpus_per_node", "gpu"})
-    flags = {f.lstrip("-").replace("-", "_") for f in (*_HANDLERS, *_ALIASES)}
+    flags = {f.lstrip("-").replace("-", "_") for f in flag_names()}
     fields = frozenset(set().union(*sections.values()) | flags | _EXTRA)
     enums = {
         "recompute_modules": frozenset(RECOMPUTE_LABELS),

@@ -560,6 +560,11 @@ def _checklist_prompt(skill: Skill, tools: list[str]) -> Callable[..., str]:
         if name in OOM_SKILLS and "diagnose_oom" in tools:
             parts.append("If the situation includes an OOM message or a training log, call "
                          "diagnose_oom with that text (and the config, if any) first.")
+        if name == PROMPTS["long_context_moe_plan"] and "plan_parallelism" in tools:
+            parts.append("Call plan_parallelism (the model as a preset or the config, GPU "
+                         "count and type, seq_length, global_batch_size) for the ranked "
+                         "layouts and their per-stage memory before sizing CP, EP, TP or PP "
+                         "by hand; then validate_config on the layout you pick.")
         if config.strip():
             parts.append(f"Training config:\n```yaml\n{config.strip()}\n```")
             parts.append(f"Call {calls} with this config (as config.bridge_config) before "

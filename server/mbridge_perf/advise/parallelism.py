@@ -7,15 +7,17 @@ The planner enumerates with Parallel Folding (attention mesh TP·CP·DP·PP = N,
 ETP·EP·EDP·PP = N), rejects by the divisibility rules, prices with ``estimate_memory`` (with
 the recompute the user set; a short rescue ladder says when a layout fits only with a rung)
 and ranks: (1) fits with headroom, (2) smallest model-parallel footprint PP·lcm(TP·CP, EP·ETP),
-(3) most DP, (4) experts on EP before ETP, then the smallest TP, (5) fewest pipeline bubbles
-(PP - 1) / (VPP·M); headroom breaks the remaining ties. CP starts at seq / 4096 (the
-long-context skill): a starting point, not a ranking key - memory decides.
+(3) most DP, (4) experts on EP before ETP, then the CP nearest seq / 4096 and the smallest TP
+for the same sequence split TP·CP, (5) fewest pipeline bubbles (PP - 1) / (VPP·M); headroom
+breaks the remaining ties. CP search starts at seq / 4096 (the long-context skill): a starting
+point and a late tie-break, never ahead of memory, footprint or DP.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from math import log2
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
@@ -202,6 +204,7 @@ class _Cand:
     gbs: int
     fit: str
     priced: Priced | None  # None: fits by the CP bound, not priced yet
+    start: int = 1  # the skill's CP = seq / 4096: a tie-break once fit, footprint, DP agree
     alts: list[str] = field(default_factory=list)
 
     @property
@@ -238,13 +241,14 @@ class _Cand:
         head = -(self.priced.report.headroom_gib or 0.0) if self.priced else 0.0
         if self.fit == "no":
             return (4, head)
-        return (self.fit_class(), self.footprint, -self.dp, self.sk.etp or 0, self.sk.tp,
-                self.bubble, head)
+        return (self.fit_class(), self.footprint, -self.dp, self.sk.etp or 0,
+                abs(log2(self.cp / self.start)), self.sk.tp, self.bubble, head)
 
 
 _KEY_WORDS = ("fits with headroom (as set, then tight, then only with a rung)",
               "smaller model-parallel footprint (min GPUs)",
-              "more data parallelism", "experts on EP before ETP", "smaller TP",
+              "more data parallelism", "experts on EP before ETP",
+              "CP nearer seq / 4096 (the skill's start)", "smaller TP",
               "fewer pipeline bubbles", "more headroom")
 
 
@@ -277,10 +281,10 @@ def _price_all(base: TrainingConfig, gs: list[Group], n: int, gbs: int, start: i
             continue
         priced, bounds = staircase(base, g, start, count)
         for (_ep, cp), p in priced.items():
-            cands.append(_Cand(p.sk, cp, n, gbs, "as_set" if p.fits else "no", p))
+            cands.append(_Cand(p.sk, cp, n, gbs, "as_set" if p.fits else "no", p, start))
         for ep, cp_b in bounds.items():
             extra = [c for c in g.cps if c > cp_b and (ep, c) not in priced]
-            cands += [_Cand(g.skeleton(ep), c, n, gbs, "as_set", None) for c in extra]
+            cands += [_Cand(g.skeleton(ep), c, n, gbs, "as_set", None, start) for c in extra]
         count.bounded += size - len(priced)
         if not bounds and priced:
             corner = max(priced.values(), key=lambda p: (p.sk.ep, p.cp))

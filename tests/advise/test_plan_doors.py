@@ -17,7 +17,7 @@ from helpers import REPO
 pytestmark = pytest.mark.anyio
 
 QWEN = {"preset": "qwen3-235b-a22b", "overrides": [
-    "mixed_precision=bf16_mixed", "mixed_precision.grad_reduce_in_fp32=false",
+    "mixed_precision.bf16=true", "mixed_precision.grad_reduce_in_fp32=false",
     "optimizer.use_distributed_optimizer=true", "ddp.use_distributed_optimizer=true",
     "model.recompute_granularity=selective", "model.recompute_modules=[moe_act,layernorm]",
     "model.moe_grouped_gemm=true", "env.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"]}

@@ -208,6 +208,9 @@ class Group:
     mbs: int
     eps: tuple[int, ...]
     cps: tuple[int, ...]
+    dominated: int = 0
+    """Layouts left out: ETP > 1 at an EP whose EP·ETP is also reachable with ETP 1 (same
+    expert shards and footprint, more routed tokens per GPU, ranks below it)."""
 
     def skeleton(self, ep: int) -> Skeleton:
         return Skeleton(self.tp, self.split, ep, self.etp, self.mbs)
@@ -234,12 +237,15 @@ def groups(m: ModelSection, n: int, nvlink: int, gbs: int, mbs: int | None,
             by_etp: dict[int | None, list[int]] = {}
             for ep, etp in pairs:
                 by_etp.setdefault(etp, []).append(ep)
+            plain = set(by_etp.get(1, ()))
             for split in splits:
                 for etp, eps in by_etp.items():
+                    keep = [e for e in eps if not etp or etp == 1 or e * etp not in plain]
                     for b in _mbs_values(mbs, constraints):
                         ok = tuple(c for c in cps if gbs % (n // (tp * pp * c) * b) == 0)
-                        if ok:
-                            yield Group(tp, split, etp, b, tuple(sorted(eps)), ok)
+                        if keep and ok:
+                            yield Group(tp, split, etp, b, tuple(sorted(keep)), ok,
+                                        (len(eps) - len(keep)) * len(ok))
 
 
 def _gbs_ok(gbs: int, dp: int, mbs: int, rej: Rejections) -> bool:

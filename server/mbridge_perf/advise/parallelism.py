@@ -51,6 +51,9 @@ from mbridge_perf.rules.validate import validate
 MAX_TOP_K = 50
 MAX_CONSTRAINT_VALUES = 32
 RESCUE_BUDGET = 40
+HOPELESS = 1.25
+"""A VPP 1 group whose largest EP and CP need more than this times the GPU: its VPP > 1 groups
+(interleaving adds 1 + (PP - 1) / (PP·VPP) in flight) are not priced."""
 
 
 Sizes = Annotated[list[Annotated[int, Field(ge=1, le=MAX_GPUS)]] | None,
@@ -124,7 +127,8 @@ class PlanCounts(BaseModel):
     skeletons: int = Field(description="(TP, PP, VPP, EP, ETP, MBS) combinations")
     layouts: int = Field(description="layouts enumerated (skeletons x the CPs each allows)")
     priced: int = Field(description="layouts priced with estimate_memory")
-    bounded: int = Field(description="layouts decided by the CP bound without pricing")
+    bounded: int = Field(description="layouts decided without pricing: by the CP / EP bound, "
+                                     "MBS > 1 behind MBS 1, ETP > 1 behind ETP 1 at EP·ETP")
     rescue_estimates: int
     validated: int
     seconds: float
@@ -272,12 +276,23 @@ def _enumerate(base: TrainingConfig, n: int, nvlink: int, gbs: int, mbs: int | N
 def _price_all(base: TrainingConfig, gs: list[Group], n: int, gbs: int, start: int,
                mbs_fixed: bool, count: Counter, rej: Rejections) -> list[_Cand]:
     """The staircase of every group. Unless the user fixed it, MBS > 1 is not priced: it needs
-    more memory than MBS 1 and ranks below it (fewer micro-batches, larger bubble)."""
+    more memory than MBS 1 and ranks below it (fewer micro-batches, larger bubble). Interleaving
+    adds memory, so a VPP > 1 group is not priced when its VPP 1 group missed by more than
+    HOPELESS even at its largest EP and CP."""
     cands: list[_Cand] = []
+    missed: dict[tuple[Any, ...], float] = {}  # (TP, PP, ETP, MBS) -> VPP 1 corner need / cap
     for g in gs:
         size = len(g.eps) * len(g.cps)
+        count.bounded += g.dominated
         if g.mbs > 1 and not mbs_fixed:
             count.bounded += size
+            continue
+        key = (g.tp, g.split.pp, g.etp, g.mbs)
+        if g.split.vpp > 1 and missed.get(key, 0.0) > HOPELESS:
+            count.bounded += size
+            rej.add(f"memory: VPP 1 of this TP / PP / ETP already needs more than "
+                    f"{HOPELESS:.2f} x the GPU at its largest EP and CP; interleaving adds "
+                    "memory", _family(g.skeleton(g.eps[-1])))
             continue
         priced, bounds = staircase(base, g, start, count)
         for (_ep, cp), p in priced.items():
@@ -289,6 +304,9 @@ def _price_all(base: TrainingConfig, gs: list[Group], n: int, gbs: int, start: i
         if not bounds and priced:
             corner = max(priced.values(), key=lambda p: (p.sk.ep, p.cp))
             rej.add(_memory_reason(corner), _family(corner.sk, corner.cp))
+            r = corner.report
+            if g.split.vpp == 1 and r.gpu_capacity_gib:
+                missed[key] = (r.gpu_capacity_gib - (r.headroom_gib or 0.0)) / r.gpu_capacity_gib
     return cands
 
 
@@ -464,7 +482,7 @@ def plan_parallelism(cfg: TrainingConfig, num_gpus: int, gpu: str, seq_length: i
     layouts = [_layout(c, i + 1, top[i - 1] if i else None, spec.nvlink_domain, seq, n)
                for i, c in enumerate(top)]
     counts = PlanCounts(skeletons=sum(len(g.eps) for g in gs),
-                        layouts=sum(len(g.eps) * len(g.cps) for g in gs),
+                        layouts=sum(len(g.eps) * len(g.cps) + g.dominated for g in gs),
                         priced=count.priced, bounded=count.bounded,
                         rescue_estimates=count.rescued, validated=count.validated,
                         seconds=round(time.perf_counter() - t0, 3))

@@ -218,3 +218,34 @@ def test_answer_markdown_follows_the_long_context_checklist_order() -> None:
         positions.append(min(hits))
     assert positions == sorted(positions)
     assert '"min_gpus"' in text.split("```json")[1]
+
+
+def test_the_bounds_lose_nothing_against_pricing_every_layout() -> None:
+    """The CP / EP staircase, MBS and ETP dominance and the VPP skip decide most layouts
+    without pricing them; pricing every layout must give the same ranked families."""
+    from mbridge_perf.advise import parallelism as pl
+    from mbridge_perf.advise.layouts import Rejections, groups
+    from mbridge_perf.advise.pricing import Counter, price
+
+    cfg = dump_config("qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config", {})
+    n, seq, gbs = 16, 32768, 64
+    plan = plan_parallelism(cfg, n, "H100", seq, gbs, top_k=50)
+    base = pl._base(cfg, n, "H100-80GB", seq, gbs)
+    count, every = Counter(), []
+    for g in groups(base.model, n, 8, gbs, None, {}, Rejections({})):
+        for ep in g.eps:
+            for cp in g.cps:
+                p = price(base, g.skeleton(ep), cp, count)
+                if p is not None and p.fits:
+                    every.append(pl._Cand(p.sk, cp, n, gbs, "as_set", p, cp_start(seq)))
+    every.sort(key=pl._Cand.key)
+    seen, brute = set(), []
+    for c in every:
+        if c.family not in seen:
+            seen.add(c.family)
+            brute.append(c.family)
+    got = [(x.tensor_model_parallel_size, x.context_parallel_size,
+            x.expert_model_parallel_size, x.expert_tensor_parallel_size or 0,
+            x.pipeline_model_parallel_size) for x in plan.layouts if x.fit == "as_set"]
+    assert got and got == brute[:len(got)]
+    assert count.priced > plan.counts.priced

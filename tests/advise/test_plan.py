@@ -249,3 +249,14 @@ def test_the_bounds_lose_nothing_against_pricing_every_layout() -> None:
             x.pipeline_model_parallel_size) for x in plan.layouts if x.fit == "as_set"]
     assert got and got == brute[:len(got)]
     assert count.priced > plan.counts.priced
+
+
+def test_a_rule_every_layout_breaks_is_named_once_and_the_search_is_bounded() -> None:
+    cfg = dump_config("deepseek_v3_pretrain_1024gpu_h100_fp8sc_config",
+                      {"model.moe_flex_dispatcher_backend": "deepep"})
+    plan = plan_parallelism(cfg, 1_048_576, "GB200", 131072, 1_048_576, top_k=50)
+    assert plan.layouts == []
+    assert any("moe.flex-backend-gpu" in n for n in plan.notes)  # DeepEP is not for GB200
+    assert plan.counts.validated <= 20
+    assert plan.counts.priced + plan.counts.rescue_estimates <= 8000
+    assert "No layout of this model fits" in plan.answer_markdown

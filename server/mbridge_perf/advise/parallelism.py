@@ -51,6 +51,7 @@ from mbridge_perf.rules.validate import validate
 MAX_TOP_K = 50
 MAX_CONSTRAINT_VALUES = 32
 RESCUE_BUDGET = 40
+SAME_RULE_STOP = 12
 HOPELESS = 1.25
 """A VPP 1 group whose largest EP and CP need more than this times the GPU: its VPP > 1 groups
 (interleaving adds 1 + (PP - 1) / (PP·VPP) in flight) are not priced."""
@@ -282,6 +283,8 @@ def _price_all(base: TrainingConfig, gs: list[Group], n: int, gbs: int, start: i
     cands: list[_Cand] = []
     missed: dict[tuple[Any, ...], float] = {}  # (TP, PP, ETP, MBS) -> VPP 1 corner need / cap
     for g in gs:
+        if count.spent:
+            break
         size = len(g.eps) * len(g.cps)
         count.bounded += g.dominated
         if g.mbs > 1 and not mbs_fixed:
@@ -349,7 +352,10 @@ def _finalize(base: TrainingConfig, cands: list[_Cand], top_k: int, count: Count
     cands.sort(key=_Cand.key)
     out: list[_Cand] = []
     best: dict[tuple[int, ...], _Cand] = {}
+    refused: dict[str, int] = {}
     for c in cands:
+        if not out and max(refused.values(), default=0) >= SAME_RULE_STOP:
+            break  # one rule refuses every layout: the config, not the layout, needs fixing
         if c.family in best:
             if c.fit != "no" and len(best[c.family].alts) < 8:
                 best[c.family].alts.append(f"VPP{c.sk.split.vpp} MBS{c.sk.mbs}")
@@ -367,6 +373,7 @@ def _finalize(base: TrainingConfig, cands: list[_Cand], top_k: int, count: Count
         errors = [f for f in rep.findings if f.severity == "error"]
         if errors:
             rej.add(f"validator: {errors[0].rule_id}: {errors[0].message}", _family(c.sk, c.cp))
+            refused[errors[0].rule_id] = refused.get(errors[0].rule_id, 0) + 1
             continue
         c.priced.warnings = [f"{f.rule_id}: {f.message}" for f in rep.findings
                              if f.severity == "warning"]
@@ -490,7 +497,7 @@ def plan_parallelism(cfg: TrainingConfig, num_gpus: int, gpu: str, seq_length: i
         num_gpus=n, gpu=spec.name, gpu_capacity_gib=spec.capacity_gib,
         nvlink_domain=spec.nvlink_domain, seq_length=seq, global_batch_size=gbs,
         cp_start=start, layouts=layouts, rejected=_rejected(rej), counts=counts,
-        notes=_notes(base, layouts, seq, spec.nvlink_domain, count.errors),
+        notes=_notes(base, layouts, seq, spec.nvlink_domain, count.errors, count, rej),
         answer_markdown="")
     from mbridge_perf.advise.plan_answer import plan_markdown
 
@@ -498,11 +505,19 @@ def plan_parallelism(cfg: TrainingConfig, num_gpus: int, gpu: str, seq_length: i
 
 
 def _notes(cfg: TrainingConfig, layouts: list[PlannedLayout], seq: int,
-           nvlink: int, errors: list[str]) -> list[str]:
+           nvlink: int, errors: list[str], count: Counter, rej: Rejections) -> list[str]:
     notes = []
-    if not layouts and errors:
+    if count.spent:
+        notes.append(f"Search stopped after {count.budget:,} estimates: pin sizes with "
+                     "constraints (e.g. expert_tensor_parallel_size, "
+                     "pipeline_model_parallel_size) to search the rest.")
+    refused = [(n, r) for r, (n, _) in rej.by_reason.items() if r.startswith("validator")]
+    if not layouts and refused:
+        notes.append("The validator refuses the layouts that fit for the config's own "
+                     f"settings - fix this first: {max(refused)[1]}")
+    elif not layouts and errors:
         notes.append(f"The estimator refused the config: {errors[0]}")
-    if not layouts or all(lay.fit == "no" for lay in layouts):
+    elif not layouts or all(lay.fit == "no" for lay in layouts):
         notes.append("No layout fits, even with the rescue ladder: more GPUs, a GPU with more "
                      "memory, or a shorter sequence.")
     p = resolve_precision(cfg)

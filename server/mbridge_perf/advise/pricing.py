@@ -61,7 +61,14 @@ class Counter:
     bounded: int = 0
     rescued: int = 0
     validated: int = 0
+    budget: int = 8000
+    """Most estimates one plan may spend (tool arguments are untrusted: a million GPUs with
+    many divisors must not run for minutes); past it the search stops and says so."""
     errors: list[str] = field(default_factory=list)
+
+    @property
+    def spent(self) -> bool:
+        return self.priced + self.rescued >= self.budget
 
 
 def layout_changes(sk: Skeleton, cp: int) -> dict[str, Any]:
@@ -77,7 +84,10 @@ def layout_changes(sk: Skeleton, cp: int) -> dict[str, Any]:
 
 
 def price(base: TrainingConfig, sk: Skeleton, cp: int, count: Counter) -> Priced | None:
-    """The layout's config and its estimate; None (reason kept) when the estimator refuses."""
+    """The layout's config and its estimate; None (reason kept) when the estimator refuses or
+    the budget is spent."""
+    if count.spent:
+        return None
     try:
         cfg = apply_changes(base, layout_changes(sk, cp))
         rep = estimate_memory(cfg)

@@ -59,9 +59,14 @@ BRIDGE_RECIPES: dict[str, list[str]] = {
     # scripts/performance/configs/llama/llama3_llm_finetune.py: set_llama3_common_peft_configs
     # (grad_reduce_in_fp32=False, disable_parameter_transpose_cache=True, distributed optimizer)
     # and utils/precision.py get_precision_config("fp8_cs") (first_last_layers_bf16=False)
+    # and the recipe's per-layer Transformer Engine CUDA graphs of the MLP (the Bridge 0.6.2
+    # dump of LLAMA3_70B_SFT_CONFIG_H100_FP8_CS_V1, ../shared/data/bridge-recipes/yaml/
+    # llama3_70b_sft_32gpu_h100_fp8cs_config.yaml: cuda_graph_impl transformer_engine,
+    # cuda_graph_scope [mlp])
     "llama3-70b": ["+model.disable_parameter_transpose_cache=true",
                    "mixed_precision.grad_reduce_in_fp32=false",
-                   "mixed_precision.first_last_layers_bf16=false"],
+                   "mixed_precision.first_last_layers_bf16=false",
+                   "model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[mlp]"],
     # recipes/moonlight/moonlight_16b.py: precision-aware optimizer with BF16 moments and
     # grads, grad_reduce_in_fp32=False, TE cross-entropy, alltoall dispatcher
     "moonlight-16b-a3b": ["optimizer.use_precision_aware_optimizer=true",
@@ -454,7 +459,12 @@ def run(rows: list[Row]) -> tuple[list[Result], list[Row]]:
         pred_static = st.static_gib + st.workspace_gib
         pred_peak = st.peak_allocated_gib
         if row.peak_kind == "first_iteration":
-            pred_peak = st.peak_allocated_gib - st.optimizer_gib * _moment_share(rep)
+            # before the optimizer's first step and before any CUDA graph is captured (the
+            # warm-up iterations run eager): the eager forward / backward without Adam moments
+            peak = st.peak_allocated_gib
+            if st.graphed_peak_allocated_gib is not None:
+                peak = st.static_gib + st.activations_gib + st.transient_gib + st.workspace_gib
+            pred_peak = peak - st.optimizer_gib * _moment_share(rep)
         pe = se = None
         if row.measured_peak_gib:
             pe = pred_peak / row.measured_peak_gib - 1

@@ -5,7 +5,10 @@ rounding, workspaces, graph pools); the change between two runs of the same job 
 and a recommender prices its rungs by exactly such changes. Pairs come from
 ../shared/data/memory/recompute-pairs.csv (`counts` says whether a pair is a saving at all);
 the configurations of the Megatron Bridge card rows are read as benchmarks/memory_accuracy.py
-reads them, the DeepSeek-V3-shape pair (Megatron-LM PR #6429) is spelled out below.
+reads them (Llama3 70B FP8-CS with its recipe's per-layer TE CUDA graphs of the MLP, from the
+Bridge 0.6.2 dump), the DeepSeek-V3-shape pair (Megatron-LM PR #6429) is spelled out below. Each
+side is the run's peak: with those graphs, the larger of the eager warm-up iterations and the
+graphed steady state (server/mbridge_perf/memory/graphs.py).
 
 Pass: |estimated - measured| <= max(35 % of |measured|, 1 GiB), with the measured sign where
 |measured| > 1 GiB. Prints a row per pair and the count that pass. Not a test: it asserts

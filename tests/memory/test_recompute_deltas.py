@@ -16,12 +16,9 @@ from mbridge_perf.memory.estimate import estimate_memory
 PAIRS = list(csv.DictReader((Path(__file__).parent / "fixtures" / "recompute_pairs.csv")
                             .open(newline="")))
 COUNTING = [r for r in PAIRS if r["counts"] == "yes"]
-# Not met yet (issue 11): the Llama3 70B FP8-CS runs' memory barely moves with TP (non-static
-# 16.6 -> 14.9 GiB for TP 4 -> 8) and mlp recompute frees 3.2 GiB; the estimator halves ~21 GiB
-# of activations and frees ~12 GiB. A TP-independent term the size of Transformer Engine's
-# per-(layer, micro-batch) graph I/O buffers of the recipe's mlp-scope graphs fits the TP / PP
-# pairs but contradicts the Megatron-LM CI graph goldens (see the issue-11 report).
-KNOWN_MISSES = {"llama70b-tp8", "llama70b-mlp", "llama70b-mlp-core-attn"}
+# The Llama3 70B FP8-CS pairs carry the recipe's per-layer Transformer Engine graphs of the MLP
+# (Bridge 0.6.2 dump: cuda_graph_impl transformer_engine, cuda_graph_scope [mlp]); their peaks
+# are the larger of the eager warm-up iterations and the graphed steady state (memory.graphs).
 
 
 def _peak(preset: str, overrides: str) -> float:
@@ -34,10 +31,7 @@ def test_the_fixture_holds_the_ten_counting_pairs() -> None:
     assert all(r["source"].startswith("../shared/data/memory/recompute-pairs.csv") for r in PAIRS)
 
 
-@pytest.mark.parametrize("row", [
-    pytest.param(r, marks=pytest.mark.xfail(strict=True, reason="Llama3 70B FP8-CS deltas "
-                                            "not modelled yet (issue 11)"))
-    if r["pair_id"] in KNOWN_MISSES else r for r in COUNTING], ids=[r["pair_id"] for r in COUNTING])
+@pytest.mark.parametrize("row", COUNTING, ids=[r["pair_id"] for r in COUNTING])
 def test_estimated_change_is_within_35_percent_or_1_gib_of_the_measured(row: dict) -> None:
     measured = float(row["measured_delta_gib"])
     est = _peak(row["preset"], row["variant_overrides"]) - _peak(row["preset"],

@@ -36,6 +36,7 @@ from mbridge_perf.memory.activations import (
     group_input_bytes,
     layer_terms,
 )
+from mbridge_perf.memory.graphs import STATIC_IO_TENSORS, graphed, te_graph_scopes
 from mbridge_perf.memory.params import padded_vocab_size
 from mbridge_perf.memory.pipeline import in_flight
 from mbridge_perf.memory.placement import Placement, placement
@@ -88,6 +89,11 @@ class StageMemory(BaseModel):
                                              "a recompute unit, the logits upcast")
     workspace_gib: Gib = Field(description="resident cuBLAS / TE workspaces in the allocator")
     peak_allocated_gib: Gib
+    graphed_peak_allocated_gib: Gib | None = Field(
+        description="steady-state peak once per-layer Transformer Engine CUDA graphs replay "
+                    "(graphed modules' saved tensors in the graph pool, each layer x "
+                    "micro-batch graph's static input and output allocated); None without "
+                    "them. peak_allocated_gib is the larger of this and the eager warm-up")
     peak_phase: Literal["forward_backward", "optimizer_step"]
 
 
@@ -164,7 +170,7 @@ class _Kinds:
     """Per-layer bytes of each (kind, fp8, selective) and each kind's backward working set,
     for one activation context; shared by every estimate with the same context and shape."""
 
-    __slots__ = ("_summ", "_terms", "_vectors", "_ws", "c", "kinds")
+    __slots__ = ("_graphed", "_summ", "_terms", "_vectors", "_ws", "c", "kinds")
 
     def __init__(self, c: ActContext, kinds: tuple[tuple[str, str], ...]) -> None:
         self.c = c
@@ -173,6 +179,7 @@ class _Kinds:
         self._ws: dict[int, float] = {}
         self._summ: dict[tuple[int, bool], tuple[float, dict[str, float]]] = {}
         self._vectors: dict[tuple[bool, bool], tuple[list[float], list[float], list[float]]] = {}
+        self._graphed: dict[tuple[int, bool, tuple[str, ...]], tuple[float, int]] = {}
 
     def get(self, kind: int, fp8: bool, selective: bool = True) -> tuple[float, dict[str, float]]:
         key = (kind, fp8, selective)
@@ -208,6 +215,18 @@ class _Kinds:
             fp8 = [self.total(k, True, selective) for k in n] if fp8_on else bf16
             hit = self._vectors[(selective, fp8_on)] = (bf16, fp8,
                                                         [self.working_set(k) for k in n])
+        return hit
+
+    def graphed(self, kind: int, fp8: bool, scopes: tuple[str, ...]) -> tuple[float, int]:
+        """Bytes of one layer's saved tensors that sit in the graph pool once per-layer TE
+        graphs replay, and the layer's graphs per micro-batch (cached)."""
+        key = (kind, fp8, scopes)
+        hit = self._graphed.get(key)
+        if hit is None:
+            mixer, mlp = self.kinds[kind]
+            names, graphs = graphed(mixer, mlp, scopes)
+            terms = self.get(kind, fp8)[1]
+            hit = self._graphed[key] = (sum(v for k, v in terms.items() if k in names), graphs)
         return hit
 
     def working_set(self, kind: int) -> float:
@@ -541,6 +560,8 @@ class _Setup:
     bf16_hi: int
     plans: tuple[_StagePlan, ...]
     assumptions: list[str]
+    graphs: tuple[str, ...] | None
+    """Per-layer TE CUDA graph modules (() = whole layers), None when layers run eager."""
 
 
 @dataclass(slots=True)
@@ -627,9 +648,11 @@ def _resolve(cfg: TrainingConfig, gpu: str | None, imbalance: float) -> _Setup:
         bf16_hi = max(L - p.num_layers_at_end_in_bf16, bf16_lo)
     plans = _plan(shape, place, tp, ep * etp, vocab_rows, bf16_lo, bf16_hi, c.full, c.full_n,
                   fp8_on)
+    # full recompute with per-layer graphs is rejected by Megatron-Core: priced eager
+    graphs = te_graph_scopes(m) if c.full is None else None
     return _Setup(cfg, p, gpu_name, capacity, arch, shape, place, c, tp, pp, cp, ep, etp, vpp,
                   world, is_moe, dp, edp, mbs, rates, vocab_rows, kinds, fp8_on, bf16_lo,
-                  bf16_hi, plans, assumptions)
+                  bf16_hi, plans, assumptions, graphs)
 
 
 def _loss_terms(s: _Setup, tok: float, stats: float) -> tuple[float, float]:
@@ -725,7 +748,7 @@ def _shared_part(s: _Setup, t: _Terms, sp: _StagePlan, unit: tuple[Any, ...],
         "activations_gib": 0.0, "embedding_activations_gib": 0.0, "logits_gib": 0.0,
         "mtp_activations_gib": 0.0, "transient_gib": ws * _INV_GIB,
         "workspace_gib": t.workspace * _INV_GIB, "peak_allocated_gib": 0.0,
-        "peak_phase": "forward_backward"}
+        "graphed_peak_allocated_gib": None, "peak_phase": "forward_backward"}
     step = static + t.workspace + t.step_tmp * optim_shard
     return per_mb, ws, static, step, proto
 
@@ -757,6 +780,12 @@ def _stages(s: _Setup, t: _Terms) -> tuple[list[StageMemory], int, float]:
         per_mb, ws, static, step, proto = shared[twin]
         fb = static + activations + ws + t.workspace
         peak = fb if fb >= step else step
+        graph_peak = graph_step = None
+        if s.graphs is not None:
+            graph_fb, graph_step = _graphed_state(s, fb, step, held, unit, counts)
+            graph_peak = max(graph_fb, graph_step)
+            if graph_peak > peak:
+                peak = graph_peak
         pk = _INV_GIB * peak
         if pk > best_peak:
             best, best_peak = r, pk
@@ -777,7 +806,9 @@ def _stages(s: _Setup, t: _Terms) -> tuple[list[StageMemory], int, float]:
         if mtp_w:
             values["mtp_activations_gib"] = mtp_part * _INV_GIB
         values["peak_allocated_gib"] = pk
-        if fb < step:
+        if graph_peak is not None:
+            values["graphed_peak_allocated_gib"] = graph_peak * _INV_GIB
+        if (fb < step and peak == step) or peak == graph_step:
             values["peak_phase"] = "optimizer_step"
         # _make inlined: this runs once per stage
         stage = _new(StageMemory)
@@ -787,6 +818,39 @@ def _stages(s: _Setup, t: _Terms) -> tuple[list[StageMemory], int, float]:
         _setattr(stage, "__pydantic_private__", None)
         stages.append(stage)
     return stages, best, best_peak
+
+
+def _graphed_state(s: _Setup, fb: float, step: float, held: tuple[Any, ...],
+                   unit: tuple[Any, ...], counts: tuple[int, ...]) -> tuple[float, float]:
+    """Forward/backward and optimizer-step bytes of a stage once its per-layer TE graphs replay
+    (memory.graphs): the graphed modules' saved tensors leave the allocated count for the graph
+    pool; every layer keeps one graph per micro-batch, each with its static input and output
+    (hidden-sized, sequence-parallel-sharded), through the optimizer step too."""
+    c, kinds, scopes = s.c, s.kinds, s.graphs
+    assert scopes is not None
+    pooled = 0.0
+    for k, w8, w16 in held:
+        if w8:
+            pooled += w8 * kinds.graphed(k, True, scopes)[0]
+        if w16:
+            pooled += w16 * kinds.graphed(k, False, scopes)[0]
+    graphs = 0.0
+    for k, u8, u16 in unit[0]:
+        graphs += (u8 + u16) * kinds.graphed(k, bool(u8), scopes)[1]
+    # Megatron-Core captures one graph per micro-batch only with a pipeline; without one, one
+    # micro-batch (TECudaGraphHelper._get_cuda_graph_input_data: "If PP is not enabled, we
+    # only need to capture one microbatch")
+    micro = 1 if s.pp == 1 else (s.mbs if s.mbs is not None else max(counts, default=1))
+    buffers = graphs * micro * STATIC_IO_TENSORS * c.e * c.n / c.tsp * c.h
+    return fb - pooled + buffers, step + buffers
+
+
+def steady_peak_gib(report: MemoryReport) -> float:
+    """Peak allocated (GiB) of the stage most loaded in steady-state iterations: the graphed
+    state where per-layer TE graphs replay, else the usual peak. What a log line of a running
+    job shows; ``peak_allocated_gib`` also covers the eager warm-up iterations."""
+    return max(st.peak_allocated_gib if st.graphed_peak_allocated_gib is None
+               else st.graphed_peak_allocated_gib for st in report.per_stage)
 
 
 @dataclass(slots=True)
@@ -847,13 +911,21 @@ def _config_notes(s: _Setup, f: _Fit) -> tuple[tuple[str, ...], tuple[str, ...],
                 o.optimizer_cpu_offload, o.optimizer_offload_fraction, dd.use_megatron_fsdp,
                 dd.data_parallel_sharding_strategy, m.cpu_offloading,
                 m.cpu_offloading_num_layers, m.transformer_impl, m.seq_length,
-                m.multi_latent_attention, m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim)
+                m.multi_latent_attention, m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim,
+                s.graphs)
     notes = _NOTES.get(note_key)
     if notes is None:
         w: list[str] = []
         a: list[str] = []
         nm: list[str] = []
         _notes(cfg, Derived(cfg), c, shape, f.expandable, f.band_source, f.context_c, w, a, nm)
+        if s.graphs is not None:
+            a.append("per-layer Transformer Engine CUDA graphs ("
+                     + (", ".join(s.graphs) or "whole layers") + "): the peak is the larger of "
+                     "the eager warm-up iterations and the graphed steady state, where the "
+                     "graphed modules' saved tensors live in the graph pool and each layer keeps "
+                     f"one graph per micro-batch with {STATIC_IO_TENSORS} hidden-sized static "
+                     "buffers allocated (ESTIMATED)")
         if len(_NOTES) > 512:
             _NOTES.clear()
         notes = _NOTES[note_key] = (tuple(w), tuple(a), tuple(nm))
@@ -1064,6 +1136,13 @@ def format_estimate(report: MemoryReport, stage: int | None = None) -> str:
                  f"{report.peak_allocated_gib:.2f} GiB; reserved band +{lo:.2f}..+{hi:.2f} GiB; "
                  f"outside the allocator: context {o.cuda_context_gib:.2f} + NCCL "
                  f"{o.nccl_gib:.2f} + CUDA graphs {o.cuda_graph_pool_gib:.2f} GiB")
+    graphed = [s for s in report.per_stage if s.graphed_peak_allocated_gib is not None]
+    if graphed:
+        g = max(graphed, key=lambda s: s.graphed_peak_allocated_gib or 0.0)
+        lines.append(f"  per-layer TE CUDA graphs: once they replay, stage {g.stage} peaks at "
+                     f"{g.graphed_peak_allocated_gib:.2f} GiB (graphed modules' activations in "
+                     "the graph pool, static buffers per layer x micro-batch); the peaks above "
+                     "also cover the eager warm-up iterations")
     if report.gpu_capacity_gib is not None:
         verdict = ("fits" if report.fits else "does NOT fit")
         if report.fits and not report.fits_with_fragmentation:

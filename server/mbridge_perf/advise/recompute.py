@@ -334,9 +334,8 @@ def _selective(lad: _Ladder) -> None:
         if dropped:
             why += _DROP_CORE_ATTN
             if ref - base.peak > 0.05:
-                why += (f"; the estimate charges the drop +{ref - base.peak:.1f} GiB (under FP8 "
-                        "it counts attention's BF16 output next to linear_proj's FP8 copy), "
-                        "which those runs do not show")
+                why += (f"; the estimate charges the drop +{ref - base.peak:.1f} GiB: under FP8 "
+                        "attention's BF16 output is then kept next to linear_proj's FP8 copy")
         measured = measured_saving(cfg.model, module)
         if measured is not None and base.peak - priced.peak > 1.5 * measured[0]:
             why += (f". Measured: {measured[0]:.1f} GiB ({measured[1]}); the estimate "
@@ -349,12 +348,12 @@ def _selective(lad: _Ladder) -> None:
 
 # Why a selective step under fused attention leaves core_attn out of the list it writes: the
 # skills' measurements (activation-recompute card: Moonlight 16B [] -> [core_attn] -0.01 %
-# memory, +3.85 % step time; Llama3 70B FP8-CS [mlp] and [mlp, core_attn] both 55.6 GB, and
-# 593.6 vs 586.8 TFLOP/s for mlp alone vs mlp + core_attn).
+# memory, +3.85 % step time; Llama3 70B FP8-CS: mlp alone 593.6 vs mlp + core_attn 586.8 TFLOP/s,
+# both runs peaking at 55.6 GB).
 _DROP_CORE_ATTN = (". It also drops core_attn from recompute_modules: under fused / flash "
                    "attention core_attn recompute frees ≈ 0 and costs step time (Moonlight 16B: "
-                   "-0.01 % memory, +3.85 % step time; Llama3 70B FP8-CS: [mlp] and "
-                   "[mlp, core_attn] both peaked at 55.6 GB, 593.6 vs 586.8 TFLOP/s)")
+                   "-0.01 % memory, +3.85 % step time; Llama3 70B FP8-CS: mlp alone 593.6 vs "
+                   "mlp + core_attn 586.8 TFLOP/s at the same 55.6 GB peak)")
 
 
 def _without_module(lad: _Ladder, on: int | None, mods: list[str]) -> float:

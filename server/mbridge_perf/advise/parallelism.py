@@ -438,7 +438,7 @@ def _reasons(c: _Cand, nvlink: int, seq: int) -> list[str]:
               "high end)")]
     ex = f"EP{sk.ep}·ETP{sk.etp}" if sk.etp is not None else "no experts"
     out.append(f"min GPUs {c.footprint} = PP{s.pp}·lcm(TP·CP {sk.tp * c.cp}, {ex}); "
-               f"DP {c.dp}" + (" (DP = 1: the GPU count forces it)" if c.dp == 1 else ""))
+               f"DP {c.dp}" + (" (DP = 1: one replica takes every GPU)" if c.dp == 1 else ""))
     out.append(f"TP{sk.tp} inside the NVLink domain of {nvlink}"
                + (f"; experts on EP{sk.ep} with ETP{sk.etp}" if sk.etp is not None else ""))
     out.append(f"bubble (PP-1)/(VPP·M) = {s.pp - 1}/({s.vpp}·{c.micro}) = {c.bubble:.1%}")

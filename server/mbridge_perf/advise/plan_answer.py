@@ -50,8 +50,8 @@ def _budget(plan: ParallelismPlan, best: PlannedLayout) -> str:
                  f"not the product {tp * pp * cp * ep * etp:,}")
     else:
         text += f"; minimum GPUs = TP·CP·PP = {best.min_gpus}"
-    dp_note = (" DP = 1 here: the GPU count forces it; preserve DP above its floor when you "
-               "add GPUs." if best.data_parallel_size == 1 else
+    dp_note = (" DP = 1 here: one replica takes every GPU; preserve DP above its floor when "
+               "you add GPUs." if best.data_parallel_size == 1 else
                " This keeps DP above its floor (more DP ranks first among layouts that fit).")
     return text + "." + dp_note
 

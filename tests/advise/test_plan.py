@@ -13,7 +13,7 @@ import yaml
 
 from bridge_corpus import dumps
 from mbridge_perf.advise.changes import apply_changes
-from mbridge_perf.advise.layouts import cp_start, min_gpus, pipeline_splits
+from mbridge_perf.advise.layouts import cp_start, min_gpus, min_gpus_for, pipeline_splits
 from mbridge_perf.advise.parallelism import ParallelismPlan, layout_config, plan_parallelism
 from mbridge_perf.config.derived import derive
 from mbridge_perf.config.errors import ConfigError
@@ -59,6 +59,15 @@ def test_min_gpus_is_pp_times_lcm_not_the_product() -> None:
     assert min_gpus(tp=1, pp=8, cp=64, ep=32, etp=1) == 512  # 256K seed
     assert min_gpus(tp=4, pp=4, cp=4, ep=32, etp=1) == 128  # Qwen3-235B seed
     assert min_gpus(tp=4, pp=4, cp=4, ep=32) == 512  # ... with ETP left unset
+
+
+def test_min_gpus_for_a_sequence_sizes_cp_from_seq_over_4096() -> None:
+    ds = load_config(preset="deepseek-v3").model
+    assert min_gpus_for(ds, 262144, pp=8, ep=32, etp=1) == 512  # CP 64: the 256K seed
+    assert min_gpus_for(ds, 131072, pp=8, ep=32, etp=1) == 256  # CP 32: the 128K seed
+    assert min_gpus_for(qwen().model, 131072, tp=4, pp=4, ep=32, etp=1, cp=4) == 128
+    with pytest.raises(ConfigError, match="expert_model_parallel_size"):
+        min_gpus_for(ds, 131072, ep=48)
 
 
 def test_min_gpus_agrees_with_the_validators_derived_value() -> None:

@@ -41,6 +41,28 @@ def min_gpus(tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, etp: int | None
     return pp * lcm(tp * cp, ep * (tp if etp is None else etp))
 
 
+def min_gpus_for(m: ModelSection, seq_length: int, *, tp: int = 1, pp: int = 1,
+                 ep: int = 1, etp: int | None = None, cp: int | None = None) -> int:
+    """"How many GPUs do I need for this sequence?": the layout family's min_gpus with CP from
+    the long-context skill (seq_length / 4096 as a power of two) unless given, after the
+    checks that make the family impossible at any size (experts over EP, seq over 2·CP, heads
+    over TP)."""
+    from mbridge_perf.config.errors import ConfigError
+
+    cp = cp_start(seq_length) if cp is None else cp
+    experts = int(m.num_moe_experts or 0)
+    if ep > 1 and (not experts or experts % ep):
+        raise ConfigError("expert_model_parallel_size", f"{ep} does not divide the model's "
+                                                        f"{experts} experts")
+    if cp > 1 and seq_length % (2 * cp):
+        raise ConfigError("context_parallel_size", f"seq_length {seq_length} is not divisible "
+                                                   f"by 2·CP = {2 * cp}")
+    if m.num_attention_heads and m.num_attention_heads % tp:
+        raise ConfigError("tensor_model_parallel_size", f"{tp} does not divide "
+                                                        f"{m.num_attention_heads} heads")
+    return min_gpus(tp, pp, cp, ep, etp)
+
+
 def divisors(n: int) -> list[int]:
     small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))

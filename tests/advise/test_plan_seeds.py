@@ -124,3 +124,17 @@ def test_layouts_above_the_seed_rank_there_on_footprint_or_dp(case: str) -> None
         assert above.fit == "as_set"
         assert (above.min_gpus, -above.data_parallel_size) <= (seed_min, -seed_dp)
         assert above.tensor_model_parallel_size <= 8 or CASES[case][2] == "GB200"
+
+
+def test_without_the_seeds_offload_the_128k_seed_fits_only_with_a_rung() -> None:
+    name, changes = DSV3
+    bare = {k: v for k, v in changes.items() if not k.startswith("optimizer.")}
+    cfg = apply_changes(load_config(data=copy.deepcopy(dumps()[name])), bare)
+    p = plan_parallelism(cfg, 256, "H100", 131072, 128, top_k=3, constraints={
+        **ETP1, "tensor_model_parallel_size": [1], "pipeline_model_parallel_size": [8],
+        "expert_model_parallel_size": [32], "virtual_pipeline_model_parallel_size": [4]})
+    lay = p.layouts[0]
+    assert _is_seed(lay, CASES["dsv3-128k"][4]) and lay.fit == "with_rung"
+    assert "optimizer CPU offload" in lay.rung  # the seed's own lever, found by the ladder
+    fixed = layout_config(cfg, p, lay)
+    assert validate(fixed).ok and estimate_memory(fixed).fits

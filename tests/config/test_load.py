@@ -230,3 +230,17 @@ def test_presets_command_lists_every_preset() -> None:
     assert {"llama3-70b", "deepseek-v3", "qwen3-30b-a3b"} <= set(presets)
     cfg = load_config(preset="deepseek-v3")
     assert cfg.model.num_layers == presets["deepseek-v3"]["model"]["num_layers"] == 61
+
+
+def test_a_field_override_refines_a_named_precision_recipe() -> None:
+    """`mixed_precision=<recipe>` then `mixed_precision.<field>=…` keeps the recipe's fields
+    (Bridge applies the override onto the recipe object) instead of pricing in FP32."""
+    cfg = load_config(preset="llama3-8b", overrides=[
+        "mixed_precision=bf16_with_fp8_current_scaling_mixed",
+        "mixed_precision.fp8_param_gather=true"])
+    mp = cfg.mixed_precision
+    assert not isinstance(mp, str) and mp.bf16 is True and mp.fp8 == "hybrid"
+    assert mp.fp8_recipe == "tensorwise" and mp.fp8_param_gather is True
+    with pytest.raises(ConfigError, match="unknown recipe 'bf17_mixed'"):
+        load_config(preset="llama3-8b", overrides=["mixed_precision=bf17_mixed",
+                                                   "mixed_precision.fp8=hybrid"])

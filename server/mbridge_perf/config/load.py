@@ -171,14 +171,27 @@ def set_path(data: dict[str, Any], path: Sequence[str], value: Any, delete: bool
     node = data
     for part in path[:-1]:
         child = node.get(part)
+        if node is data and part == "mixed_precision" and isinstance(child, str):
+            child = _recipe_fields(child)  # `mixed_precision.fp8=…` refines the named recipe
         if not isinstance(child, dict):
             child = {}
-            node[part] = child
+        node[part] = child
         node = child
     if delete:
         node.pop(path[-1], None)
     else:
         node[path[-1]] = value
+
+
+def _recipe_fields(name: str) -> Any:
+    """A Bridge mixed-precision recipe name as the fields it sets."""
+    from mbridge_perf.config.derived import MIXED_PRECISION_RECIPES
+
+    fields = MIXED_PRECISION_RECIPES.get(name)
+    if fields is None:
+        raise ConfigError("mixed_precision", f"unknown recipe {name!r}" + did_you_mean(
+            name, MIXED_PRECISION_RECIPES) + "; a field override refines a known recipe")
+    return dict(fields)
 
 
 def merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

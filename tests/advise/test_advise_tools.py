@@ -101,7 +101,7 @@ async def test_every_tool_the_skills_name_is_registered(client: Client) -> None:
                                           "_parallelism", "_benchmark", "_benchmarks",
                                           "_presets"))
                            or n.startswith("benchmark_")}
-    assert {"recommend_recompute", "diagnose_oom"} <= wanted
-    # plan_parallelism comes in a later issue; estimate_training_memory is Megatron Bridge's
-    # own estimator API, which the skills compare with ours
-    assert wanted - names <= {"plan_parallelism", "estimate_training_memory"}, wanted - names
+    assert {"recommend_recompute", "diagnose_oom", "plan_parallelism"} <= wanted
+    # estimate_training_memory is Megatron Bridge's own estimator API, which the skills
+    # compare with ours
+    assert wanted - names <= {"estimate_training_memory"}, wanted - names

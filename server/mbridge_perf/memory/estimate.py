@@ -179,7 +179,7 @@ class _Kinds:
         self._ws: dict[int, float] = {}
         self._summ: dict[tuple[int, bool], tuple[float, dict[str, float]]] = {}
         self._vectors: dict[tuple[bool, bool], tuple[list[float], list[float], list[float]]] = {}
-        self._graphed: dict[tuple[int, bool, tuple[str, ...]], tuple[float, int]] = {}
+        self._graphed: dict[tuple[str, ...], tuple[list[float], list[float], list[int]]] = {}
 
     def get(self, kind: int, fp8: bool, selective: bool = True) -> tuple[float, dict[str, float]]:
         key = (kind, fp8, selective)
@@ -217,16 +217,19 @@ class _Kinds:
                                                         [self.working_set(k) for k in n])
         return hit
 
-    def graphed(self, kind: int, fp8: bool, scopes: tuple[str, ...]) -> tuple[float, int]:
-        """Bytes of one layer's saved tensors that sit in the graph pool once per-layer TE
-        graphs replay, and the layer's graphs per micro-batch (cached)."""
-        key = (kind, fp8, scopes)
-        hit = self._graphed.get(key)
+    def graphed(self, scopes: tuple[str, ...]) -> tuple[list[float], list[float], list[int]]:
+        """Per kind: BF16 and FP8 bytes of one layer's saved tensors that sit in the graph pool
+        once per-layer TE graphs replay, and the layer's graphs per micro-batch (cached)."""
+        hit = self._graphed.get(scopes)
         if hit is None:
-            mixer, mlp = self.kinds[kind]
-            names, graphs = graphed(mixer, mlp, scopes)
-            terms = self.get(kind, fp8)[1]
-            hit = self._graphed[key] = (sum(v for k, v in terms.items() if k in names), graphs)
+            bf16, fp8, count = [], [], []
+            for kind, (mixer, mlp) in enumerate(self.kinds):
+                names, graphs = graphed(mixer, mlp, scopes)
+                for out, on in ((bf16, False), (fp8, True)):
+                    terms = self.get(kind, on and self.c.fp8_bytes > 0)[1]
+                    out.append(sum(v for k, v in terms.items() if k in names))
+                count.append(graphs)
+            hit = self._graphed[scopes] = (bf16, fp8, count)
         return hit
 
     def working_set(self, kind: int) -> float:
@@ -770,6 +773,7 @@ def _stages(s: _Setup, t: _Terms) -> tuple[list[StageMemory], int, float]:
     fields_set = _FIELDS_SET[StageMemory].copy()
     shared: dict[int, tuple[Any, ...]] = {}  # by twin: what depends only on what it holds
     emb_act, loss_act, mtp_one, ckpt = t.emb_act, t.loss_act, t.mtp_one, t.ckpt
+    graph_bytes = s.kinds.graphed(s.graphs) if s.graphs is not None else None
     for r, sp, counts, held, groups_w, emb_w, loss_w, mtp_w, twin, unit in weights_all:
         emb_part, loss_part, mtp_part = emb_w * emb_act, loss_w * loss_act, mtp_w * mtp_one
         activations = groups_w * ckpt + emb_part + loss_part + mtp_part
@@ -782,7 +786,7 @@ def _stages(s: _Setup, t: _Terms) -> tuple[list[StageMemory], int, float]:
         peak = fb if fb >= step else step
         graph_peak = graph_step = None
         if s.graphs is not None:
-            graph_fb, graph_step = _graphed_state(s, fb, step, held, unit, counts)
+            graph_fb, graph_step = _graphed_state(s, fb, step, held, unit, counts, graph_bytes)
             graph_peak = max(graph_fb, graph_step)
             if graph_peak > peak:
                 peak = graph_peak
@@ -821,22 +825,20 @@ def _stages(s: _Setup, t: _Terms) -> tuple[list[StageMemory], int, float]:
 
 
 def _graphed_state(s: _Setup, fb: float, step: float, held: tuple[Any, ...],
-                   unit: tuple[Any, ...], counts: tuple[int, ...]) -> tuple[float, float]:
+                   unit: tuple[Any, ...], counts: tuple[int, ...],
+                   graph_bytes: Any) -> tuple[float, float]:
     """Forward/backward and optimizer-step bytes of a stage once its per-layer TE graphs replay
     (memory.graphs): the graphed modules' saved tensors leave the allocated count for the graph
     pool; every layer keeps one graph per micro-batch, each with its static input and output
     (hidden-sized, sequence-parallel-sharded), through the optimizer step too."""
-    c, kinds, scopes = s.c, s.kinds, s.graphs
-    assert scopes is not None
+    c = s.c
+    pooled_bf16, pooled_fp8, per_layer = graph_bytes
     pooled = 0.0
     for k, w8, w16 in held:
-        if w8:
-            pooled += w8 * kinds.graphed(k, True, scopes)[0]
-        if w16:
-            pooled += w16 * kinds.graphed(k, False, scopes)[0]
+        pooled += w8 * pooled_fp8[k] + w16 * pooled_bf16[k]
     graphs = 0.0
     for k, u8, u16 in unit[0]:
-        graphs += (u8 + u16) * kinds.graphed(k, bool(u8), scopes)[1]
+        graphs += (u8 + u16) * per_layer[k]
     # Megatron-Core captures one graph per micro-batch only with a pipeline; without one, one
     # micro-batch (TECudaGraphHelper._get_cuda_graph_input_data: "If PP is not enabled, we
     # only need to capture one microbatch")

@@ -22,6 +22,7 @@ under TP and PP, as the per-(layer, micro-batch) buffers are).
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 from mbridge_perf.config.model import ModelSection
 
@@ -50,8 +51,31 @@ def te_graph_scopes(m: ModelSection) -> tuple[str, ...] | None:
     are not graphed by Transformer Engine (graphs off, ``local`` or full-iteration graphs)."""
     if m.cuda_graph_impl == "none" and not m.enable_cuda_graph and not m.external_cuda_graph:
         return None
+    key = (m.cuda_graph_impl, m.enable_cuda_graph, m.external_cuda_graph,
+           _hashable(m.cuda_graph_modules), _hashable(m.cuda_graph_scope))
+    try:
+        return _scopes(*key)
+    except TypeError:  # an unhashable spelling (a mapping): read it without the cache
+        return _scopes.__wrapped__(*key)
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+@lru_cache(maxsize=256)
+def _scopes(impl: str, enable: bool, external: bool, modules: Any,
+            scope: Any) -> tuple[str, ...] | None:
+    """te_graph_scopes on the graph fields alone (cached: it runs once per estimate)."""
+    from mbridge_perf.config.model import ModelSection as _Model
     from mbridge_perf.rules.recompute import full_iteration_graph, graph_impl, graph_modules
 
+    m = _Model.model_construct(cuda_graph_impl=impl, enable_cuda_graph=enable,
+                               external_cuda_graph=external,
+                               cuda_graph_modules=list(modules) if isinstance(modules, tuple)
+                               else modules,
+                               cuda_graph_scope=list(scope) if isinstance(scope, tuple)
+                               else scope)
     if graph_impl(m) != "transformer_engine" or full_iteration_graph(m):
         return None
     return tuple(sorted(graph_modules(m)))

@@ -9,9 +9,10 @@ which rank does it break" needs every stage, not an average. Each stage's peak i
     + transient working set (one layer's backward, a recompute unit, the logits upcast)
     + resident allocator workspaces,
 
-the larger of the forward/backward phase and the optimizer step. Overheads outside the
-allocator (CUDA context, NCCL, CUDA-graph pools) and the allocator's reserved band are reported
-next to it, never inside it.
+the larger of the forward/backward phase and the optimizer step; with per-layer Transformer
+Engine CUDA graphs also of the graphed steady state that follows the eager warm-up iterations
+(memory.graphs). Overheads outside the allocator (CUDA context, NCCL, CUDA-graph pools) and the
+allocator's reserved band are reported next to it, never inside it.
 
 Fast by construction: parameters per layer kind are cached per model shape, layers of a chunk
 are counted by kind from prefix sums, and report objects are built without re-validation.

@@ -83,6 +83,13 @@ CONFIG_TEXTS: dict[str, str] = {
     "cluster-gpu-control": DENSE + "cluster:\n  gpu: \"H100\\n\\u0000\"\n",
     "nul-bytes": "model:\n  num_layers: \"\\0\\0\"\n",
     "size-2mb": "dataset:\n  blob: " + "x" * (2 << 20) + "\n",
+    # carried Megatron-Core fields the estimator reads (not typed on load)
+    "carried-mamba-list": DENSE + "  mamba_head_dim: [1, 2]\n  hybrid_override_pattern: M*-\n",
+    "carried-linear-word": DENSE + "  linear_num_key_heads: many\n",
+    "carried-dist-opt-word": DENSE + "ddp:\n  num_distributed_optimizer_instances: full\n",
+    "carried-vp-group-word": DENSE + "  pipeline_model_parallel_size: 2\n"
+                                     "  virtual_pipeline_model_parallel_size: 2\n"
+                                     "  microbatch_group_size_per_vp_stage: full\n",
 }
 
 # name → raw bytes of a config file (the CLI reads files; MCP arguments are text already)

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict
 from mbridge_perf.config.derived import Precision, resolve_precision
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.model import ModelSection, TrainingConfig
-from mbridge_perf.memory.params import _opt
+from mbridge_perf.memory.params import opt_int
 
 # Bytes per element a Transformer Engine FP8 linear keeps of its input for the weight gradient:
 # one FP8 copy (the transposed / column-wise one on Hopper; MXFP8 adds one E8M0 scale per 32
@@ -227,12 +227,12 @@ def _has_scan_mixer(kinds: tuple[tuple[str, str], ...]) -> bool:
 
 def _mixer_dims(m: ModelSection, h: int) -> tuple[int, ...]:
     """(GDN q/k width, GDN v width, Mamba inner width, Mamba B/C width, Mamba heads)."""
-    qk = int(_opt(m, "linear_num_key_heads", 16)) * int(_opt(m, "linear_key_head_dim", 128))
-    v = int(_opt(m, "linear_num_value_heads", 32)) * int(_opt(m, "linear_value_head_dim", 128))
-    head_dim = int(_opt(m, "mamba_head_dim", 64))
-    heads = _opt(m, "mamba_num_heads")
-    inner = int(heads) * head_dim if heads is not None else 2 * h
-    bc = 2 * int(_opt(m, "mamba_num_groups", 8)) * int(_opt(m, "mamba_state_dim", 128))
+    qk = opt_int(m, "linear_num_key_heads", 16) * opt_int(m, "linear_key_head_dim", 128)
+    v = opt_int(m, "linear_num_value_heads", 32) * opt_int(m, "linear_value_head_dim", 128)
+    head_dim = opt_int(m, "mamba_head_dim", 64)
+    heads = opt_int(m, "mamba_num_heads", None)
+    inner = heads * head_dim if heads is not None else 2 * h
+    bc = 2 * opt_int(m, "mamba_num_groups", 8) * opt_int(m, "mamba_state_dim", 128)
     return qk, v, inner, bc, inner // head_dim
 
 

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, computed_field
 
+from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.model import ModelSection
 
 Mixer = Literal["attention", "mla", "gdn", "mamba", "none"]
@@ -204,6 +205,17 @@ def _opt(model: ModelSection, name: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
+def opt_int(model: ModelSection, name: str, default: Any) -> Any:
+    """A carried whole-number field (Megatron-Core names such as mamba_head_dim): carried
+    fields are not typed on load, so a list or a word here is reported naming the field."""
+    value = _opt(model, name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"model.{name}", f"expected a whole number >= 1, got {value!r}")
+    return value
+
+
 def _need(model: ModelSection, name: str) -> Any:
     value = _opt(model, name)
     if value is None:
@@ -357,11 +369,11 @@ def _mla(model: ModelSection) -> tuple[int, int]:
 def _gdn(model: ModelSection) -> tuple[int, int]:
     """GatedDeltaNet (Qwen3-Next linear attention): (params, TP-replicated params)."""
     h = int(_need(model, "hidden_size"))
-    kernel = int(_opt(model, "linear_conv_kernel_dim", 4))
-    d_k = int(_opt(model, "linear_key_head_dim", 128))
-    d_v = int(_opt(model, "linear_value_head_dim", 128))
-    n_k = int(_opt(model, "linear_num_key_heads", 16))
-    n_v = int(_opt(model, "linear_num_value_heads", 32))
+    kernel = opt_int(model, "linear_conv_kernel_dim", 4)
+    d_k = opt_int(model, "linear_key_head_dim", 128)
+    d_v = opt_int(model, "linear_value_head_dim", 128)
+    n_k = opt_int(model, "linear_num_key_heads", 16)
+    n_v = opt_int(model, "linear_num_value_heads", 32)
     qk, v = n_k * d_k, n_v * d_v
     in_proj = h * (2 * qk + 2 * v + 2 * n_v)  # q, k, v, output gate z, beta, alpha
     conv = (2 * qk + v) * kernel  # depthwise, no bias
@@ -373,12 +385,12 @@ def _gdn(model: ModelSection) -> tuple[int, int]:
 def _mamba(model: ModelSection) -> tuple[int, int]:
     """Mamba-2 mixer as Megatron-Core's MambaMixer builds it: (params, TP-replicated)."""
     h = int(_need(model, "hidden_size"))
-    head_dim = int(_opt(model, "mamba_head_dim", 64))
-    state = int(_opt(model, "mamba_state_dim", 128))
-    groups = int(_opt(model, "mamba_num_groups", 8))
-    heads = _opt(model, "mamba_num_heads")
-    d_inner = int(heads) * head_dim if heads is not None else MAMBA_EXPAND * h
-    heads = int(heads) if heads is not None else d_inner // head_dim
+    head_dim = opt_int(model, "mamba_head_dim", 64)
+    state = opt_int(model, "mamba_state_dim", 128)
+    groups = opt_int(model, "mamba_num_groups", 8)
+    heads = opt_int(model, "mamba_num_heads", None)
+    d_inner = heads * head_dim if heads is not None else MAMBA_EXPAND * h
+    heads = heads if heads is not None else d_inner // head_dim
     conv_dim = d_inner + 2 * groups * state  # x, B, C
     in_proj = h * (2 * d_inner + 2 * groups * state + heads)  # z, x, B, C, dt
     conv = conv_dim * MAMBA_CONV_KERNEL + conv_dim  # depthwise weight + bias

@@ -129,6 +129,8 @@ def _shape(key: tuple[Any, ...], m: ModelSection) -> Shape:
         _SHAPES.clear()
     try:
         shape = _build_shape(m)
+    except ConfigError:
+        raise
     except ValueError as exc:
         text = str(exc)
         field = text.split()[0].rstrip(":,") if text.startswith("model.") else "model"
@@ -259,7 +261,10 @@ def state_rates(cfg: TrainingConfig, p: Precision, dp: int, edp: int) -> StateRa
     strategy = ddp.data_parallel_sharding_strategy if fsdp else "no_shard"
     dist = o.use_distributed_optimizer or ddp.use_distributed_optimizer or strategy != "no_shard"
     # several distributed-optimizer instances each shard over their part of DP only
-    instances = int((ddp.__pydantic_extra__ or {}).get("num_distributed_optimizer_instances") or 1)
+    instances = (ddp.__pydantic_extra__ or {}).get("num_distributed_optimizer_instances") or 1
+    if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
+        raise ConfigError("ddp.num_distributed_optimizer_instances",
+                          f"expected a whole number >= 1, got {instances!r}")
     dense, expert = max(dp * cp // instances, 1), max(edp // instances, 1)
     shard_opt = dist
     shard_grad = strategy in ("optim_grads", "optim_grads_params")

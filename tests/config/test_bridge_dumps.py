@@ -5,7 +5,6 @@ language-model dump is sized per stage, and the dialect is read for its meaning.
 from __future__ import annotations
 
 import copy
-import math
 from functools import cache
 from typing import Any
 
@@ -91,26 +90,28 @@ def _estimate_or_why(cfg: TrainingConfig) -> tuple[Any, ConfigError | None]:
 
 
 def test_every_language_model_dump_gets_a_per_stage_estimate() -> None:
-    sized = 0
+    sized = unheld = 0
     for name in lm_names():
         cfg = loaded(name)
         report, why = _estimate_or_why(cfg)
-        if why is not None and why.field == "cluster.num_gpus":
-            # the world the dump implies does not hold the expert mesh (Bridge's validate()
-            # does not check it; process-group init would): sized on the smallest world that does
-            d = derive(cfg)
-            assert d.world_from_dump and d.world_size % d.expert_model_parallel_size, name
-            world = math.lcm(d.world_size, d.min_gpus)
-            report, why = _estimate_or_why(cfg.model_copy(update={
-                "cluster": cfg.cluster.model_copy(update={"num_gpus": world})}))
         if why is not None:  # only recipes Bridge itself rejects
             assert index()[name]["validate"] == "FAIL", (name, str(why))
             continue
         m = cfg.model
         assert len(report.per_stage) == m.pipeline_model_parallel_size, name
         assert all(s.peak_allocated_gib > 0 for s in report.per_stage), name
+        d = derive(cfg)
+        if d.is_moe and d.world_size and d.world_size % (m.expert_model_parallel_size * (
+                m.expert_tensor_parallel_size or m.tensor_model_parallel_size) *
+                m.pipeline_model_parallel_size):
+            # the world the dump implies does not hold the expert mesh (Bridge's validate()
+            # does not check it; process-group init would): sized anyway, and said so
+            assert d.world_from_dump, name
+            assert any("expert mesh" in a for a in report.assumptions), name
+            unheld += 1
         sized += 1
     assert sized >= len(lm_names()) - 3
+    assert unheld >= 1  # the corpus has such dumps (Qwen3-235B at 64 GPUs with EP32 x PP4)
 
 
 # ------------------------------------------------------------------ the dialect's meaning

@@ -20,6 +20,7 @@ are counted by kind from prefix sums, and report objects are built without re-va
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Annotated, Any, Literal
@@ -584,6 +585,23 @@ class _Terms:
     offload_layers: int
 
 
+def _expert_dp(cfg: TrainingConfig, world: int, ex_size: int, assumptions: list[str]) -> int:
+    """Expert DP = world / (ETP·EP·PP). A world the user gave must hold the expert mesh; one a
+    Bridge dump only implies (comm_overlap.data_parallel_size x TP·PP·CP) is what the recipe
+    was written for, not what it must launch on, so it is sized anyway and said so."""
+    if world % ex_size == 0:
+        return world // ex_size
+    if not Derived(cfg).world_from_dump:
+        raise ConfigError("cluster.num_gpus", f"{world} GPUs do not divide by ETP x EP x PP = "
+                                              f"{ex_size}; use a multiple")
+    edp = max(world // ex_size, 1)
+    assumptions.append(
+        f"the {world} GPUs this dump implies (comm_overlap.data_parallel_size x TP·PP·CP) do "
+        f"not divide by the expert mesh ETP x EP x PP = {ex_size}: sized with expert DP = {edp}; "
+        f"launch on a multiple of {math.lcm(world, ex_size)} GPUs (set cluster.num_gpus)")
+    return edp
+
+
 def _sizes(cfg: TrainingConfig, assumptions: list[str]) -> tuple[Any, ...]:
     """Derived's parallel sizes, read once from the model: (TP, PP, CP, EP, ETP, world, MoE?,
     DP, expert DP, micro-batches per step or None)."""
@@ -606,11 +624,7 @@ def _sizes(cfg: TrainingConfig, assumptions: list[str]) -> tuple[Any, ...]:
         dp = world // mp_size
         edp = 1
         if is_moe:
-            ex_size = etp * ep * pp
-            if world % ex_size:
-                raise ConfigError("cluster.num_gpus", f"{world} GPUs do not divide by ETP x EP "
-                                                      f"x PP = {ex_size}; use a multiple")
-            edp = world // ex_size
+            edp = _expert_dp(cfg, world, etp * ep * pp, assumptions)
     mbs = None
     gbs = cfg.train.global_batch_size
     if gbs is not None and world is not None:

@@ -177,4 +177,12 @@ CLI_ARGS: dict[str, list[str]] = {
                             "no-such-profile"],
     "cli-registry-dir": ["bench", "list", "--registry", "/"],
     "cli-missing-file": ["validate", "/no/such/file.yaml"],
+    "cli-diagnose-device": ["diagnose", "/dev/zero"],
+    "cli-diagnose-missing": ["diagnose", "/no/such/log"],
+    "cli-target-nan": ["recommend", "--preset", "llama3-8b", "--target-gib", "nan"],
+    "cli-plan-gpus-huge": ["plan", "--preset", "llama3-8b", "--gpus", "99999999999", "--gpu",
+                           "H100", "--seq", "4096", "--gbs", "8"],
+    "cli-plan-gpu-unknown": ["plan", "--preset", "llama3-8b", "--gpus", "8", "--gpu",
+                             "$(reboot)", "--seq", "4096", "--gbs", "8"],
+    "cli-mcore-unknown": ["validate", "--preset", "llama3-8b", "--mcore-version", "9.9"],
 }

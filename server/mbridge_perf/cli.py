@@ -189,14 +189,32 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def _read_tail(path: str, limit: int) -> str:
-    """The last ``limit`` characters of a log file or stdin (a log of any size is fine)."""
+    """The last ``limit`` characters of a log file, a pipe or stdin, in bounded memory (a log
+    of any size is fine; a device such as /dev/zero, which never ends, is refused)."""
+    import os
+    import stat
+
+    keep = 4 * limit
     if path == "-":
-        data = sys.stdin.buffer.read()
-        return data[-4 * limit:].decode("utf-8", "replace")[-limit:]
+        return _stream_tail(sys.stdin.buffer, keep).decode("utf-8", "replace")[-limit:]
+    mode = os.stat(path).st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+        from mbridge_perf.config.errors import ConfigError
+
+        raise ConfigError(path, "not a file or a pipe; give the training log or OOM text")
     with open(path, "rb") as f:
-        f.seek(0, 2)
-        f.seek(max(0, f.tell() - 4 * limit))
-        return f.read().decode("utf-8", "replace")[-limit:]
+        if stat.S_ISREG(mode):
+            f.seek(max(0, os.fstat(f.fileno()).st_size - keep))
+        return _stream_tail(f, keep).decode("utf-8", "replace")[-limit:]
+
+
+def _stream_tail(stream: Any, keep: int) -> bytes:
+    buf = bytearray()
+    while chunk := stream.read(1 << 20):
+        buf += chunk
+        if len(buf) > 2 * keep:
+            del buf[:-keep]
+    return bytes(buf[-keep:])
 
 
 def _bench_print(args: argparse.Namespace, model: object, text: str) -> None:
@@ -329,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Exit 0: a step fits; 1: nothing on the ladder fits; "
                                    "2: unusable input.")
     _add_config_args(p)
-    p.add_argument("--target-gib", type=float, default=None,
+    p.add_argument("--target-gib", type=bounded(float, 0.001, 10_000.0), default=None,
                    help="memory budget per GPU in GiB (default: the GPU's capacity)")
     p.add_argument("--gpu", help="GPU kind, e.g. H100, GB200 (default: cluster.gpu)")
     p.set_defaults(func=_cmd_recommend)

@@ -160,6 +160,19 @@ TOOL_ARGS: dict[str, tuple[str, dict[str, Any]]] = {
         f"[Rank {i}] (after 2 iterations) memory (MB) | allocated: 1e9 | max allocated: "
         f"nan | reserved: -1 | max reserved: inf\n" for i in range(20_000))}),
     "oom-bad-config": ("diagnose_oom", {"text": "OOM", "config": {"bridge_config": "1: 2"}}),
+    "plan-gpus-huge": ("plan_parallelism", {"config": {"preset": "deepseek-v3"},
+                                            "num_gpus": 10**12, "gpu": "H100",
+                                            "seq_length": 4096, "global_batch_size": 128}),
+    "plan-many-gpus": ("plan_parallelism", {"config": {"preset": "deepseek-v3"},
+                                            "num_gpus": 1 << 20, "gpu": "H100",
+                                            "seq_length": 131072, "global_batch_size": 1 << 20}),
+    "plan-constraint-junk": ("plan_parallelism", {
+        "config": {"preset": "qwen3-30b-a3b"}, "num_gpus": 16, "gpu": "H100",
+        "seq_length": 4096, "global_batch_size": 64,
+        "constraints": {"tensor_model_parallel_size": [0, -1, 10**9], "shell": ["ls"]}}),
+    "plan-gpu-injection": ("plan_parallelism", {"config": {"preset": "llama3-8b"},
+                                                "num_gpus": 8, "gpu": "H100; rm -rf /",
+                                                "seq_length": 4096, "global_batch_size": 8}),
 }
 
 # CLI-only argument lists (the door's own flags)

@@ -5,6 +5,7 @@ and answer_markdown in the long-context skill's checklist order."""
 from __future__ import annotations
 
 import copy
+import math
 import re
 from functools import cache
 
@@ -149,10 +150,12 @@ def test_meshes_are_spelt_out_and_multiply_to_the_world() -> None:
 
 
 def test_ranking_follows_the_keys_in_order() -> None:
-    lays = qwen_plan(131072).layouts
+    plan = qwen_plan(131072)
+    lays = plan.layouts
     fit_rank = {"as_set": 0, "with_rung": 1, "no": 2}
     keys = [(fit_rank[x.fit], not x.fits_with_fragmentation, x.min_gpus,
              -x.data_parallel_size, x.expert_tensor_parallel_size,
+             abs(math.log2(x.context_parallel_size / plan.cp_start)),
              x.tensor_model_parallel_size) for x in lays]
     assert keys == sorted(keys)
     assert all(x.fit != "no" for x in lays)  # misses are listed only when nothing fits

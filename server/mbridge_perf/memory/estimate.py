@@ -38,7 +38,12 @@ from mbridge_perf.memory.activations import (
     group_input_bytes,
     layer_terms,
 )
-from mbridge_perf.memory.graphs import STATIC_IO_TENSORS, graphed, te_graph_scopes
+from mbridge_perf.memory.graphs import (
+    SHARED_GRAD_OUTPUTS,
+    graphed,
+    static_input_bytes,
+    te_graph_scopes,
+)
 from mbridge_perf.memory.params import padded_vocab_size
 from mbridge_perf.memory.pipeline import in_flight
 from mbridge_perf.memory.placement import Placement, placement
@@ -93,8 +98,8 @@ class StageMemory(BaseModel):
     peak_allocated_gib: Gib
     graphed_peak_allocated_gib: Gib | None = Field(
         description="steady-state peak once per-layer Transformer Engine CUDA graphs replay "
-                    "(graphed modules' saved tensors in the graph pool, each layer x "
-                    "micro-batch graph's static input and output allocated); None without "
+                    "(graphed modules' saved tensors in the graph pool; the graphs' static "
+                    "inputs, shared across micro-batches, allocated); None without "
                     "them. peak_allocated_gib is the larger of this and the eager warm-up")
     peak_phase: Literal["forward_backward", "optimizer_step"]
 
@@ -181,7 +186,8 @@ class _Kinds:
         self._ws: dict[int, float] = {}
         self._summ: dict[tuple[int, bool], tuple[float, dict[str, float]]] = {}
         self._vectors: dict[tuple[bool, bool], tuple[list[float], list[float], list[float]]] = {}
-        self._graphed: dict[tuple[str, ...], tuple[list[float], list[float], list[int]]] = {}
+        self._graphed: dict[tuple[tuple[str, ...], int],
+                           tuple[list[float], list[float], list[float]]] = {}
 
     def get(self, kind: int, fp8: bool, selective: bool = True) -> tuple[float, dict[str, float]]:
         key = (kind, fp8, selective)
@@ -219,19 +225,22 @@ class _Kinds:
                                                         [self.working_set(k) for k in n])
         return hit
 
-    def graphed(self, scopes: tuple[str, ...]) -> tuple[list[float], list[float], list[int]]:
+    def graphed(self, scopes: tuple[str, ...],
+                seq_length: int) -> tuple[list[float], list[float], list[float]]:
         """Per kind: BF16 and FP8 bytes of one layer's saved tensors that sit in the graph pool
-        once per-layer TE graphs replay, and the layer's graphs per micro-batch (cached)."""
-        hit = self._graphed.get(scopes)
+        once per-layer TE graphs replay, and the static-input bytes of one graphed
+        layer-micro-batch (memory.graphs; cached)."""
+        key = (scopes, seq_length)
+        hit = self._graphed.get(key)
         if hit is None:
-            bf16, fp8, count = [], [], []
+            bf16, fp8, inputs = [], [], []
             for kind, (mixer, mlp) in enumerate(self.kinds):
-                names, graphs = graphed(mixer, mlp, scopes)
+                names, graphed_layer, attn = graphed(mixer, mlp, scopes)
                 for out, on in ((bf16, False), (fp8, True)):
                     terms = self.get(kind, on and self.c.fp8_bytes > 0)[1]
                     out.append(sum(v for k, v in terms.items() if k in names))
-                count.append(graphs)
-            hit = self._graphed[scopes] = (bf16, fp8, count)
+                inputs.append(static_input_bytes(self.c, graphed_layer, attn, seq_length))
+            hit = self._graphed[key] = (bf16, fp8, inputs)
         return hit
 
     def working_set(self, kind: int) -> float:
@@ -788,7 +797,8 @@ def _stages(s: _Setup, t: _Terms) -> tuple[list[StageMemory], int, float]:
     fields_set = _FIELDS_SET[StageMemory].copy()
     shared: dict[int, tuple[Any, ...]] = {}  # by twin: what depends only on what it holds
     emb_act, loss_act, mtp_one, ckpt = t.emb_act, t.loss_act, t.mtp_one, t.ckpt
-    graph_bytes = s.kinds.graphed(s.graphs) if s.graphs is not None else None
+    graph_bytes = (s.kinds.graphed(s.graphs, int(s.cfg.model.seq_length or 0))
+                   if s.graphs is not None else None)
     for r, sp, counts, held, groups_w, emb_w, loss_w, mtp_w, twin, unit in weights_all:
         emb_part, loss_part, mtp_part = emb_w * emb_act, loss_w * loss_act, mtp_w * mtp_one
         activations = groups_w * ckpt + emb_part + loss_part + mtp_part
@@ -801,7 +811,7 @@ def _stages(s: _Setup, t: _Terms) -> tuple[list[StageMemory], int, float]:
         peak = fb if fb >= step else step
         graph_peak = graph_step = None
         if s.graphs is not None:
-            graph_fb, graph_step = _graphed_state(s, fb, step, held, unit, counts, graph_bytes)
+            graph_fb, graph_step = _graphed_state(s, fb, step, held, graph_bytes)
             graph_peak = max(graph_fb, graph_step)
             if graph_peak > peak:
                 peak = graph_peak
@@ -840,25 +850,21 @@ def _stages(s: _Setup, t: _Terms) -> tuple[list[StageMemory], int, float]:
 
 
 def _graphed_state(s: _Setup, fb: float, step: float, held: tuple[Any, ...],
-                   unit: tuple[Any, ...], counts: tuple[int, ...],
                    graph_bytes: Any) -> tuple[float, float]:
     """Forward/backward and optimizer-step bytes of a stage once its per-layer TE graphs replay
     (memory.graphs): the graphed modules' saved tensors leave the allocated count for the graph
-    pool; every layer keeps one graph per micro-batch, each with its static input and output
-    (hidden-sized, sequence-parallel-sharded), through the optimizer step too."""
+    pool; the graphs' static inputs stay allocated, one set per graphed layer-micro-batch in
+    flight (shared across micro-batches that do not overlap), plus the shared static
+    output-gradient buffer, through the optimizer step too."""
     c = s.c
-    pooled_bf16, pooled_fp8, per_layer = graph_bytes
+    pooled_bf16, pooled_fp8, inputs = graph_bytes
     pooled = 0.0
+    buffers = 0.0
     for k, w8, w16 in held:
         pooled += w8 * pooled_fp8[k] + w16 * pooled_bf16[k]
-    graphs = 0.0
-    for k, u8, u16 in unit[0]:
-        graphs += (u8 + u16) * per_layer[k]
-    # Megatron-Core captures one graph per micro-batch only with a pipeline; without one, one
-    # micro-batch (TECudaGraphHelper._get_cuda_graph_input_data: "If PP is not enabled, we
-    # only need to capture one microbatch")
-    micro = 1 if s.pp == 1 else (s.mbs if s.mbs is not None else max(counts, default=1))
-    buffers = graphs * micro * STATIC_IO_TENSORS * c.e * c.n / c.tsp * c.h
+        buffers += (w8 + w16) * inputs[k]
+    if buffers:
+        buffers += SHARED_GRAD_OUTPUTS * c.e * c.n / c.tsp * c.h
     return fb - pooled + buffers, step + buffers
 
 
@@ -940,9 +946,9 @@ def _config_notes(s: _Setup, f: _Fit) -> tuple[tuple[str, ...], tuple[str, ...],
             a.append("per-layer Transformer Engine CUDA graphs ("
                      + (", ".join(s.graphs) or "whole layers") + "): the peak is the larger of "
                      "the eager warm-up iterations and the graphed steady state, where the "
-                     "graphed modules' saved tensors live in the graph pool and each layer keeps "
-                     f"one graph per micro-batch with {STATIC_IO_TENSORS} hidden-sized static "
-                     "buffers allocated (ESTIMATED)")
+                     "graphed modules' saved tensors live in the graph pool and the graphs' "
+                     "static inputs stay allocated, one set per graphed layer-micro-batch in "
+                     "flight (Megatron-Core reuses those of finished micro-batches)")
         if len(_NOTES) > 512:
             _NOTES.clear()
         notes = _NOTES[note_key] = (tuple(w), tuple(a), tuple(nm))
@@ -1158,7 +1164,8 @@ def format_estimate(report: MemoryReport, stage: int | None = None) -> str:
         g = max(graphed, key=lambda s: s.graphed_peak_allocated_gib or 0.0)
         lines.append(f"  per-layer TE CUDA graphs: once they replay, stage {g.stage} peaks at "
                      f"{g.graphed_peak_allocated_gib:.2f} GiB (graphed modules' activations in "
-                     "the graph pool, static buffers per layer x micro-batch); the peaks above "
+                     "the graph pool, static inputs per layer-micro-batch in flight); the peaks "
+                     "above "
                      "also cover the eager warm-up iterations")
     if report.gpu_capacity_gib is not None:
         verdict = ("fits" if report.fits else "does NOT fit")

@@ -9,14 +9,15 @@ then on. The two states hold different things:
 - warm-up (eager): every saved tensor is an ordinary allocation: the estimator's usual peak;
 - replay (steady state): tensors a graphed module saves for its backward were allocated and
   freed during capture, so they live in the graph's private pool (reserved, not allocated);
-  what stays allocated per graph is its static input and static output (one hidden-sized
-  tensor each), for every layer and micro-batch, whatever TP or PP is.
+  what stays allocated is the graphs' static inputs, which are shared between graphs whose
+  micro-batches do not overlap (``static_input_bytes``): as many as the stage has
+  layer-micro-batches in flight, not one per layer and micro-batch.
 
 A run's peak is the larger of the two. Megatron-LM CI's ``mem-max-allocated-bytes`` is a
 run-long maximum (its graphed case ``..._attn_cudagraph`` peaks at step 1, eager); a log line of
 a steady iteration shows the graphed state (the Llama3 70B FP8-CS runs of the memory-tuning
 card: 59 / 53.2 / 50.2 GB at TP4 PP4 / TP4 PP8 / TP8 PP4, non-static memory nearly constant
-under TP and PP, as the per-(layer, micro-batch) buffers are).
+under TP and PP).
 """
 
 from __future__ import annotations
@@ -26,12 +27,39 @@ from typing import Any
 
 from mbridge_perf.config.model import ModelSection
 
-# Hidden-sized static tensors each graph keeps allocated between replays: its input and its
-# output (the backward graph reuses them for the gradients). ESTIMATED: TE make_graphed_callables
-# keeps static inputs / outputs per callable; the count 2 reproduces the Llama3 70B FP8-CS
-# memory-tuning card runs (mlp-scope graphs, 20 layers x 16 micro-batches x 2 x 16 MiB = 10 GiB
-# at TP4 PP4 DP2; base 59 GB, TP8 50.2 GB, PP8 53.2 GB within 3 %), not read from TE's code.
-STATIC_IO_TENSORS = 2
+# What stays allocated once the graphs replay, as Megatron-Core 0.16.0 and later capture them
+# (core_v0.16.1 and core_v0.19.x megatron/core/transformer/cuda_graphs.py, identical here;
+# Megatron-LM PR #2392 "Optimize TE cudagraph input memory", 2025-12-18; these are the only
+# releases config.mcore accepts):
+# - static inputs: TECudaGraphHelper._get_sample_arguments walks the pipeline schedule's order
+#   and hands a (layer, micro-batch) the static inputs of one whose backward has finished when
+#   their signature (shape, dtype) matches, which it does for every decoder layer of a stage.
+#   So the stage holds one set per layer-micro-batch in flight at the peak of the schedule.
+#   A set is ``hidden_states`` ([s/CP/TP-if-SP, b, h], always BF16: the base
+#   ``get_layer_static_inputs``) plus, when the graph covers attention, TransformerLayer's
+#   boolean causal ``attention_mask`` [b, 1, s/CP, s]. Allocated outside capture, so counted.
+# - static outputs and input gradients live in the graph pool and are dropped (weak
+#   references) once their backward is captured; static output-gradients are one per output
+#   signature: TE make_graphed_callables with ``_reuse_graph_input_output_buffers=True``
+#   (transformer_engine/pytorch/graph.py, v2.7 to v2.18), which Megatron-Core passes for TE
+#   >= 2.7; 0.16.1 requires transformer-engine >= 2.9 (pyproject.toml).
+# - without a pipeline (PP = 1, no overlap_moe_expert_parallel_comm) one micro-batch is
+#   captured (``_get_cuda_graph_input_data``): one set per layer, which is also what is in
+#   flight then.
+# cuda_graph_use_single_mempool only concerns the ``local`` implementation (CudaGraphManager);
+# TE graphs share the one pool make_graphed_callables creates. Each layer is one callable: one
+# graph per micro-batch, whatever modules it covers (TransformerLayer._te_cuda_graph_capture).
+SHARED_GRAD_OUTPUTS = 1  # hidden-sized static output-gradient buffers per stage
+
+
+def static_input_bytes(c: Any, graphed_layer: bool, attn: bool, seq_length: int) -> float:
+    """Bytes of one graphed layer-micro-batch's static inputs: the BF16 hidden states (sharded
+    by sequence parallelism) and, when the graph starts at attention, the causal mask."""
+    if not graphed_layer:
+        return 0.0
+    hidden = 2.0 * c.n / c.tsp * c.h
+    return hidden + (c.n * seq_length if attn else 0.0)
+
 
 # Saved-tensor terms (memory.activations names) each graph scope captures. Scope names are
 # Megatron-Core's cuda_graph_modules; an empty list graphs the whole layer.
@@ -82,24 +110,22 @@ def _scopes(impl: str, enable: bool, external: bool, modules: Any,
 
 
 @lru_cache(maxsize=256)
-def graphed(mixer: str, mlp: str, scopes: tuple[str, ...]) -> tuple[frozenset[str], int]:
-    """Terms of a layer of this kind that live in the graph pool once graphs replay, and how
-    many graphs (each with its static input and output) the layer has per micro-batch."""
+def graphed(mixer: str, mlp: str, scopes: tuple[str, ...]) -> tuple[frozenset[str], bool, bool]:
+    """Terms of a layer of this kind that live in the graph pool once graphs replay, whether
+    the layer is graphed (one graph per micro-batch) and whether its graph covers attention
+    (its static inputs then carry the attention mask)."""
+    attn_mixer = mixer in ("attention", "mla")
     if not scopes:
-        return _ATTN | _DENSE_MLP | _MOE | {"dropout_mask"}, 1
+        return _ATTN | _DENSE_MLP | _MOE | {"dropout_mask"}, True, attn_mixer
     terms: set[str] = set()
-    graphs = 0
-    if "attn" in scopes and mixer in ("attention", "mla"):
+    attn = "attn" in scopes and attn_mixer
+    if attn:
         terms |= _ATTN
-        graphs += 1
     if mlp == "dense" and "mlp" in scopes:
         terms |= _DENSE_MLP
-        graphs += 1
     elif mlp == "moe":
         if "moe" in scopes:
             terms |= _MOE
-            graphs += 1
         elif {"moe_router", "moe_preprocess"} & set(scopes):
             terms |= _ROUTER
-            graphs += 1
-    return frozenset(terms), graphs
+    return frozenset(terms), bool(terms), attn

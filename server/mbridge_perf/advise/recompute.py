@@ -11,6 +11,7 @@ when nothing fits, the plan says which parallelism change to plan instead.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -435,17 +436,12 @@ def _optimizer_offload(lad: _Ladder) -> None:
         lad.skipped.append("optimizer CPU offload: needs the distributed optimizer "
                            "(optimizer.use_distributed_optimizer=true)")
         return
-    priced = changes = None
-    for frac in (0.25, 0.5, 0.75, 1.0):
-        changes = {"optimizer.optimizer_cpu_offload": True,
-                   "optimizer.optimizer_offload_fraction": frac}
-        priced, why = _try(lad, on, changes)
-        if priced is None:
-            lad.skipped.append(f"optimizer CPU offload: {why}")
-            return
-        if priced.need <= lad.budget:
-            break
-    assert priced is not None and changes is not None
+    got = _smallest_fitting(lad, on, "optimizer CPU offload", (
+        {"optimizer.optimizer_cpu_offload": True, "optimizer.optimizer_offload_fraction": frac}
+        for frac in (0.25, 0.5, 0.75, 1.0)))
+    if got is None:
+        return
+    priced, changes = got
     frac = changes["optimizer.optimizer_offload_fraction"]
     cost = ThroughputCost(pct=None, basis="measured", text="step time 1.9x-4.2x over "
                           "fractions 0.25-1.0 (Qwen3-30B-A3B, 16x H100, PP2); memory falls "
@@ -455,6 +451,21 @@ def _optimizer_offload(lad: _Ladder) -> None:
                 "(optimizer_cpu_offload=true)", changes=changes, cost=cost, skill=MEMORY,
          rationale="The smallest fraction that fits; works at any PP (the measured ladder ran "
                    "at PP2) and frees master weights and Adam moments, not activations.")
+
+
+def _smallest_fitting(lad: _Ladder, on: int, what: str,
+                      options: Iterable[dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:
+    """Price change sets in order, smallest first, and keep the first that fits (else the
+    last, the most it can do). None when one is refused: the reason goes to skipped."""
+    priced = changes = None
+    for changes in options:
+        priced, why = _try(lad, on, changes)
+        if priced is None:
+            lad.skipped.append(f"{what}: {why}")
+            return None
+        if priced.need <= lad.budget:
+            break
+    return None if priced is None or changes is None else (priced, changes)
 
 
 def _activation_offload(lad: _Ladder) -> None:
@@ -470,20 +481,13 @@ def _activation_offload(lad: _Ladder) -> None:
         lad.skipped.append("layer CPU activation offload: CUDA graphs other than full_iteration "
                            "(offload.cpu-excludes-cuda-graphs)")
         return
-    layers = len(layer_kinds(m))
-    priced = changes = None
-    for k in range(1, layers):
-        changes = {"model.recompute_granularity": None, "model.cpu_offloading": True,
-                   "model.cpu_offloading_num_layers": k,
-                   "model.cpu_offloading_activations": True}
-        priced, why = _try(lad, on, changes)
-        if priced is None:
-            lad.skipped.append(f"layer CPU activation offload: {why}")
-            return
-        if priced.need <= lad.budget:
-            break
-    if priced is None or changes is None:
+    got = _smallest_fitting(lad, on, "layer CPU activation offload", (
+        {"model.recompute_granularity": None, "model.cpu_offloading": True,
+         "model.cpu_offloading_num_layers": k, "model.cpu_offloading_activations": True}
+        for k in range(1, len(layer_kinds(m)))))
+    if got is None:
         return
+    priced, changes = got
     _add(lad, on, priced, rung="activation_offload",
          action=f"Instead of recompute: offload the activations of "
                 f"{changes['model.cpu_offloading_num_layers']} layers to the CPU "

@@ -170,6 +170,14 @@ TOOL_ARGS: dict[str, tuple[str, dict[str, Any]]] = {
         "config": {"preset": "qwen3-30b-a3b"}, "num_gpus": 16, "gpu": "H100",
         "seq_length": 4096, "global_batch_size": 64,
         "constraints": {"tensor_model_parallel_size": [0, -1, 10**9], "shell": ["ls"]}}),
+    "grade-unbroken-200k": ("grade_answer", {"answer": "do not raise TP " * 12_000,
+                                             "skill": "nemo-mbridge-perf-memory-tuning"}),
+    "grade-deep-json": ("grade_answer", {"answer": "```json\n" + "[" * 5000 + "]" * 5000
+                                         + "\n```", "skill": "nemo-mbridge-perf-memory-tuning"}),
+    "grade-unknown-skill": ("grade_answer", {"answer": "x", "skill": "../../etc"}),
+    "grade-front-matter-bomb": ("grade_answer", {
+        "answer": "---\n" + alias_bomb(8).replace("dataset:", "tool_calls:") + "---\nok",
+        "skill": "nemo-mbridge-perf-memory-tuning"}),
     "plan-gpu-injection": ("plan_parallelism", {"config": {"preset": "llama3-8b"},
                                                 "num_gpus": 8, "gpu": "H100; rm -rf /",
                                                 "seq_length": 4096, "global_batch_size": 8}),

@@ -159,3 +159,14 @@ def test_skill_grade_needs_every_checklist_item_in_the_card_order() -> None:
     g = grade_skill(card, parse_answer(swapped), MEMORY)
     assert not g.passed
     assert any("order" in e.text and not e.passed for e in g.expectations)
+
+
+def test_an_unbroken_answer_is_judged_in_bounded_units() -> None:
+    """One 200 KB "sentence" would make judging each match scan the whole text (quadratic);
+    units are cut at 2,000 characters, at a space, so the cost grows with the length."""
+    from mbridge_perf.evals.answer import MAX_UNIT_CHARS, split_units
+
+    text = "do not raise TP " * 12_000
+    units, _ = split_units(text)
+    assert len(units) > 90 and all(len(u.text) <= MAX_UNIT_CHARS for u in units)
+    assert " ".join(u.text for u in units).split() == text.split()  # cut at spaces, no loss

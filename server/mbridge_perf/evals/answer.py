@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from mbridge_perf.config.errors import ConfigError
+from mbridge_perf.config.limits import load_yaml
 from mbridge_perf.evals.text import Unit, heading_flags, normalise, unit_is_late
 
 MAX_ANSWER_BYTES = 1_000_000
@@ -67,7 +69,7 @@ def parse_answer(text: str, tool_calls: list[str] | None = None) -> Answer:
     if stripped.startswith(("{", "[")):
         try:
             data = json.loads(stripped)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # not JSON we can use: read as text
             data = None
         if data is not None:
             return from_json(data, tool_calls)
@@ -75,7 +77,9 @@ def parse_answer(text: str, tool_calls: list[str] | None = None) -> Answer:
     m = _FRONT.match(text)
     if m:
         try:
-            meta = yaml.safe_load(m.group(1)) or {}
+            meta = load_yaml(m.group(1), "front matter") or {}
+        except ConfigError as exc:  # an alias bomb or nesting in an untrusted answer's header
+            raise AnswerError(str(exc)) from None
         except yaml.YAMLError as exc:
             raise AnswerError(f"front matter is not valid YAML: {' '.join(str(exc).split())}"
                               ) from None
@@ -125,6 +129,22 @@ def _scalar(value: Any) -> str:
     return json.dumps(value) if isinstance(value, bool) else str(value)
 
 
+# A unit's length bound: judging a match scans its clause, so one unbroken 200 KB "sentence"
+# would cost time quadratic in its length; real sentences and list items are far shorter.
+MAX_UNIT_CHARS = 2_000
+
+
+def _bounded(piece: str) -> list[str]:
+    """A piece of text as units of at most MAX_UNIT_CHARS, cut at spaces where it can be."""
+    out = []
+    while len(piece) > MAX_UNIT_CHARS:
+        cut = piece.rfind(" ", 0, MAX_UNIT_CHARS)
+        cut = cut if cut > MAX_UNIT_CHARS // 2 else MAX_UNIT_CHARS
+        out.append(piece[:cut])
+        piece = piece[cut:].lstrip()
+    return [*out, piece] if piece else out
+
+
 def split_units(text: str) -> tuple[list[Unit], list[Any]]:
     """Markdown into units: sentences of prose, list items, table rows, code lines; fenced
     JSON blocks are parsed (their recommendation lists become units where the block stands)."""
@@ -136,9 +156,9 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
     para: list[str] = []
 
     def add(piece: str) -> None:
-        norm = normalise(piece)
-        if piece.strip():
-            units.append(Unit(piece.strip(), norm, len(units), late or unit_is_late(norm), neg))
+        for chunk in _bounded(piece.strip()):
+            norm = normalise(chunk)
+            units.append(Unit(chunk, norm, len(units), late or unit_is_late(norm), neg))
 
     def flush() -> None:
         if para:
@@ -184,7 +204,7 @@ def _close_fence(fence: str, code: list[str], blocks: list[Any], units: list[Uni
     if fence.endswith("json") or body.lstrip().startswith("{"):
         try:
             data = json.loads(body)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # not JSON we can use: read as text
             data = None
         if data is not None:
             blocks.append(data)

@@ -90,6 +90,9 @@ CONFIG_TEXTS: dict[str, str] = {
     "carried-vp-group-word": DENSE + "  pipeline_model_parallel_size: 2\n"
                                      "  virtual_pipeline_model_parallel_size: 2\n"
                                      "  microbatch_group_size_per_vp_stage: full\n",
+    "carried-vp-group-list": DENSE + "  pipeline_model_parallel_size: 2\n"
+                                     "  virtual_pipeline_model_parallel_size: 2\n"
+                                     "  microbatch_group_size_per_vp_stage: [1, 2]\n",
 }
 
 # name → raw bytes of a config file (the CLI reads files; MCP arguments are text already)

@@ -44,7 +44,7 @@ from mbridge_perf.memory.graphs import (
     static_input_bytes,
     te_graph_scopes,
 )
-from mbridge_perf.memory.params import padded_vocab_size
+from mbridge_perf.memory.params import opt_int, padded_vocab_size
 from mbridge_perf.memory.pipeline import in_flight
 from mbridge_perf.memory.placement import Placement, placement
 from mbridge_perf.memory.state import Shape, model_shape, state_rates
@@ -784,7 +784,8 @@ def _stages(s: _Setup, t: _Terms) -> tuple[list[StageMemory], int, float]:
     """Phase 3: every stage's peak (forward/backward or optimizer step); stages that differ only
     in their in-flight counts share what they hold. Returns the stages, the most-loaded one and
     its peak (GiB)."""
-    group = (s.cfg.model.__pydantic_extra__ or {}).get("microbatch_group_size_per_vp_stage")
+    # checked before the in-flight cache: a carried list or word would not even hash there
+    group = opt_int(s.cfg.model, "microbatch_group_size_per_vp_stage", None)
     vectors = s.kinds.vectors(s.c.full is None, s.fp8_on)
     tot_bf16, tot_fp8, _ = vectors
     stages: list[StageMemory] = []

@@ -20,11 +20,6 @@ def in_flight(pp: int, vpp: int, rank: int, microbatches: int | None,
     if vpp <= 1:
         full = pp - rank
         return [full if microbatches is None else min(full, microbatches)]
-    if group is not None and (isinstance(group, bool) or not isinstance(group, int) or group < 1):
-        from mbridge_perf.config.errors import ConfigError
-
-        raise ConfigError("model.microbatch_group_size_per_vp_stage",
-                          f"expected a whole number >= 1, got {group!r}")
     g = group or pp
     units = (pp - rank - 1) * 2 + (vpp - 1) * g + 1
     if microbatches is not None:

@@ -194,6 +194,7 @@ def test_cli_other_defects(work: Path) -> None:
         (["bench", "submit", "--preset", "llama3-8b", "--profile", "cpu-test", "--window",
           "50-41"], "window: '50-41' is not START-END"),
         (["bench", "parse", "/dev/null", "--golden-tflops", "-5"], "--golden-tflops: must be"),
+        (["diagnose", "/dev/zero"], "/dev/zero: not a file or a pipe"),
     ]
     for args, words in checks:
         p = cli(work, *args)

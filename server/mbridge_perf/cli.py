@@ -190,31 +190,12 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 
 def _read_tail(path: str, limit: int) -> str:
     """The last ``limit`` characters of a log file, a pipe or stdin, in bounded memory (a log
-    of any size is fine; a device such as /dev/zero, which never ends, is refused)."""
-    import os
-    import stat
+    of any size is fine; a device that never ends is refused)."""
+    from mbridge_perf.bench.logparse import stream_tail, tail_bytes
 
-    keep = 4 * limit
-    if path == "-":
-        return _stream_tail(sys.stdin.buffer, keep).decode("utf-8", "replace")[-limit:]
-    mode = os.stat(path).st_mode
-    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
-        from mbridge_perf.config.errors import ConfigError
-
-        raise ConfigError(path, "not a file or a pipe; give the training log or OOM text")
-    with open(path, "rb") as f:
-        if stat.S_ISREG(mode):
-            f.seek(max(0, os.fstat(f.fileno()).st_size - keep))
-        return _stream_tail(f, keep).decode("utf-8", "replace")[-limit:]
-
-
-def _stream_tail(stream: Any, keep: int) -> bytes:
-    buf = bytearray()
-    while chunk := stream.read(1 << 20):
-        buf += chunk
-        if len(buf) > 2 * keep:
-            del buf[:-keep]
-    return bytes(buf[-keep:])
+    raw = (stream_tail(sys.stdin.buffer, 4 * limit) if path == "-"
+           else tail_bytes(path, 4 * limit))
+    return raw.decode("utf-8", "replace")[-limit:]
 
 
 def _bench_print(args: argparse.Namespace, model: object, text: str) -> None:

@@ -842,12 +842,36 @@ def read_tail(path: str | Path | None, size: int = 65_536) -> bytes | None:
     if not path:
         return None
     try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - size))
-            return f.read()
-    except OSError:
+        return tail_bytes(path, size)
+    except (OSError, ValueError):
         return None
+
+
+def tail_bytes(path: str | Path, size: int) -> bytes:
+    """The last `size` bytes of a file (a seek) or a pipe (streamed, in bounded memory).
+    Raises ConfigError for anything else: a device such as /dev/zero never ends."""
+    import os
+    import stat
+
+    from mbridge_perf.config.errors import ConfigError
+
+    mode = os.stat(path).st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+        raise ConfigError(str(path), "not a file or a pipe; give the training log or OOM text")
+    with open(path, "rb") as f:
+        if stat.S_ISREG(mode):
+            f.seek(max(0, os.fstat(f.fileno()).st_size - size))
+        return stream_tail(f, size)
+
+
+def stream_tail(stream: Any, size: int) -> bytes:
+    """The last `size` bytes of a binary stream, holding at most about twice that."""
+    buf = bytearray()
+    while chunk := stream.read(1 << 20):
+        buf += chunk
+        if len(buf) > 2 * size:
+            del buf[:-size]
+    return bytes(buf[-size:])
 
 
 def _path_chunks(path: Path, size: int) -> Iterator[bytes]:

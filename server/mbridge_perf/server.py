@@ -119,8 +119,9 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     def problem(exc: BaseException) -> ToolError:
         if isinstance(exc, ToolError):
             return exc
-        if isinstance(exc, ValueError):
-            return ToolError(f"{' '.join(str(exc).split())}. Fix that and call again.")
+        if isinstance(exc, ValueError):  # a ConfigError names a field, other errors a value
+            what = "that field" if isinstance(exc, ConfigError) else "that"
+            return ToolError(f"{' '.join(str(exc).split())}. Fix {what} and call again.")
         if isinstance(exc, RecursionError | MemoryError):
             return ToolError("the input is too deeply nested or too large to read; simplify "
                              "it and call again")
@@ -229,10 +230,7 @@ def _register_tools(server: MCPServer, root: Path | None = None) -> list[str]:
         from mbridge_perf.memory.answer import estimate_with_answer as estimate
 
         cfg = _config(config)
-        try:
-            return estimate(cfg, gpu=gpu, imbalance=imbalance)
-        except ConfigError as exc:
-            raise ToolError(f"{exc}. Fix that field and call again.") from None
+        return estimate(cfg, gpu=gpu, imbalance=imbalance)
 
     tools = [(validate_config, "Validate a training config", PURE),
              (estimate_memory, "Estimate per-GPU memory", PURE),
@@ -273,10 +271,7 @@ def _advise_tools() -> list[tuple[Callable[..., Any], str, ToolAnnotations]]:
         from mbridge_perf.advise.recompute import recommend_recompute as recommend
 
         cfg = _config(config)
-        try:
-            return recommend(cfg, target_gib=target_gib, gpu=gpu)
-        except ConfigError as exc:
-            raise ToolError(f"{exc}. Fix that field and call again.") from None
+        return recommend(cfg, target_gib=target_gib, gpu=gpu)
 
     def diagnose_oom(
             text: Annotated[str, Field(description="The CUDA OOM message or the training "
@@ -331,11 +326,8 @@ def _advise_tools() -> list[tuple[Callable[..., Any], str, ToolAnnotations]]:
         from mbridge_perf.advise.parallelism import plan_parallelism as plan
 
         cfg = _config(config)
-        try:
-            return plan(cfg, num_gpus, gpu, seq_length, global_batch_size,
-                        micro_batch_size=micro_batch_size, top_k=top_k, constraints=constraints)
-        except ConfigError as exc:
-            raise ToolError(f"{exc}. Fix that field and call again.") from None
+        return plan(cfg, num_gpus, gpu, seq_length, global_batch_size,
+                    micro_batch_size=micro_batch_size, top_k=top_k, constraints=constraints)
 
     return [(recommend_recompute, "Recommend recompute / memory steps", PURE),
             (diagnose_oom, "Diagnose a GPU OOM", PURE),
@@ -378,13 +370,6 @@ def _eval_tools(root: Path | None) -> list[tuple[Callable[..., Any], str, ToolAn
 
 RunId = Annotated[str, Field(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9_-]+$",
                              description="run id returned by submit_benchmark")]
-
-
-def _bench_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    try:
-        return fn(*args, **kwargs)
-    except ValueError as exc:  # BenchError, ConfigError: the input names what to fix
-        raise ToolError(f"{exc}. Fix that and call again.") from None
 
 
 def _bench_tools() -> list[tuple[Callable[..., Any], str, ToolAnnotations]]:
@@ -431,9 +416,9 @@ def _bench_tools() -> list[tuple[Callable[..., Any], str, ToolAnnotations]]:
         Megatron would refuse is not submitted. Runs are kept in a registry that survives
         server restarts."""
         cfg = _config(config)
-        prof = _bench_call(service().named_profile, profile)
-        return _bench_call(service().submit, cfg, prof, dry_run=dry_run, steps=steps,
-                           window=(window_start, window_end), label=label, recipe=recipe)
+        prof = service().named_profile(profile)
+        return service().submit(cfg, prof, dry_run=dry_run, steps=steps,
+                                window=(window_start, window_end), label=label, recipe=recipe)
 
     async def benchmark_status(
             run_id: RunId,
@@ -450,7 +435,7 @@ def _bench_tools() -> list[tuple[Callable[..., Any], str, ToolAnnotations]]:
 
         deadline = anyio.current_time() + wait_s
         while True:
-            st = await anyio.to_thread.run_sync(lambda: _bench_call(service().status, run_id))
+            st = await anyio.to_thread.run_sync(lambda: service().status(run_id))
             if st.progress_pct is not None:
                 await ctx.report_progress(st.progress_pct, 100.0,
                                           f"{st.state}: iteration {st.last_iteration or 0}"
@@ -473,20 +458,20 @@ def _bench_tools() -> list[tuple[Callable[..., Any], str, ToolAnnotations]]:
         TFLOP/s/GPU, tokens/s/GPU, peak allocated / reserved), regression against a golden
         value, and an evidence bundle as JSON and Markdown. Errors if the run has not
         finished."""
-        return _bench_call(service().result, run_id, golden_tflops=golden_tflops,
-                           regression_pct=regression_pct)
+        return service().result(run_id, golden_tflops=golden_tflops,
+                                regression_pct=regression_pct)
 
     def cancel_benchmark(run_id: RunId) -> RunStatus:
         """Cancel a benchmark this server submitted (scancel / kill of its own job only;
         jobs it did not create are refused). Finished runs are left as they are."""
-        return _bench_call(service().cancel, run_id)
+        return service().cancel(run_id)
 
     def compare_benchmarks(run_a: RunId, run_b: RunId) -> RunComparison:
         """A/B two finished benchmarks. Valid only when their contracts differ in exactly one
         variable (e.g. the dispatcher) and both results are valid; otherwise it names the
         extra differences. Reports deltas of step time, TFLOP/s/GPU, tokens/s/GPU and peak
         memory, absolute and in percent."""
-        return _bench_call(service().compare_runs, run_a, run_b)
+        return service().compare_runs(run_a, run_b)
 
     cluster = ToolAnnotations(read_only_hint=True, destructive_hint=False,
                               idempotent_hint=True, open_world_hint=True)

@@ -320,9 +320,10 @@ def _advise_tools() -> list[tuple[Callable[..., Any], str, ToolAnnotations]]:
         before ETP, smaller TP, fewest pipeline bubbles. CP search starts at seq_length / 4096.
         Says when a layout fits only with a selective-recompute module or optimizer offload
         (never full recompute at long context). Returns layouts (sizes, both meshes, per-stage
-        peaks, headroom, micro-batches, bubble fraction, config_changes, reasons), rejected
-        families with the rule or memory number, counts and answer_markdown. Pure arithmetic,
-        needs no GPU."""
+        peaks, headroom, micro-batches, bubble fraction, config_changes, reasons), the
+        long-context skill's published layout for the case when one applies (priced, its rank
+        and what ranks above it), rejected families with the rule or memory number, counts and
+        answer_markdown. Pure arithmetic, needs no GPU."""
         from mbridge_perf.advise.parallelism import plan_parallelism as plan
 
         cfg = _config(config)

@@ -6,10 +6,13 @@ What our estimator says, and what these tests pin:
 - every seed layout fits as set and passes validate_config;
 - within its family (its PP and EP, ETP 1) it is in the top 3 - and at the seed's TP the CP the
   skill gives is the smallest that fits, so DP = 1 is forced for DeepSeek-V3 as the skill says;
-- over all layouts it is not in the top 3: layouts with the same sequence split TP·CP on fewer
-  pipeline stages fit as well (pipeline stages do not divide activations) and rank first on a
-  smaller footprint and more DP; every layout above a seed is there on those keys, not on
-  memory.
+- over all layouts it is not in the top 3: layouts on fewer pipeline stages fit as well and rank
+  first on a smaller footprint and more DP (Qwen3-235B: TP1 CP32 EP32 PP1 needs 32 GPUs per
+  replica and 140 GiB, the seed 128 GPUs and 158 GiB: VPP 12 at PP 4 keeps about four
+  micro-batches of a stage in flight, and TP·CP 16 leaves twice the tokens per rank); every
+  layout above a seed is there on those keys, not on memory;
+- the plan names the seed as the skill's published layout (`published`), with the rank its
+  family takes in the full ranking and the first key on which #1 beats it.
 """
 
 from __future__ import annotations
@@ -138,3 +141,49 @@ def test_without_the_seeds_offload_the_128k_seed_fits_only_with_a_rung() -> None
     assert "optimizer CPU offload" in lay.rung  # the seed's own lever, found by the ladder
     fixed = layout_config(cfg, p, lay)
     assert validate(fixed).ok and estimate_memory(fixed).fits
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_plan_places_the_skills_published_layout(case: str) -> None:
+    seed = CASES[case][4]
+    p = plan(case)
+    (pub,) = p.published  # the card's row for this model, GPU and sequence, found by shape
+    assert (pub.tensor_model_parallel_size, pub.context_parallel_size,
+            pub.expert_model_parallel_size, pub.pipeline_model_parallel_size,
+            pub.virtual_pipeline_model_parallel_size) == (seed["tp"], seed["cp"], seed["ep"],
+                                                          seed["pp"], seed["vpp"])
+    assert pub.fit == "as_set" and pub.headroom_gib and pub.headroom_gib > 0
+    assert "card.yaml" in pub.source and pub.model in p.answer_markdown.split(
+        "published layout for this case")[1]
+    pos = next((i for i, x in enumerate(p.layouts) if _is_seed(x, seed)), None)
+    if pos is not None:  # within the returned 50: the same place
+        assert pub.rank == pos + 1 and pub.peak_allocated_gib == p.layouts[pos].peak_allocated_gib
+    else:
+        assert pub.rank is not None and pub.rank > len(p.layouts)
+    assert "below #1 on: smaller model-parallel footprint" in pub.reason
+    # its memory is estimate_memory on its own config, which the validator accepts
+    cfg = layout_config(config(case), p, pub)
+    assert validate(cfg).ok
+    assert round(estimate_memory(cfg).peak_allocated_gib, 3) == pub.peak_allocated_gib
+
+
+def test_no_published_layout_for_another_case_or_without_the_pack(monkeypatch, tmp_path) -> None:
+    from mbridge_perf.advise import published
+
+    # the same model at 4K has no published row; nor has DeepSeek-V3 128K on GB200
+    assert plan_parallelism(config("qwen3-128k"), 128, "GB200", 4096, 128, top_k=3,
+                            constraints=ETP1).published == []
+    assert plan_parallelism(config("dsv3-128k"), 256, "GB200", 131072, 128, top_k=3,
+                            constraints=ETP1).published == []
+    # sizes a constraint excludes: named, not priced
+    (pub,) = plan_parallelism(config("dsv3-128k"), 256, "H100", 131072, 128, top_k=3,
+                              constraints={**ETP1, "pipeline_model_parallel_size": [4]}).published
+    assert pub.fit == "not_offered" and pub.rank is None and pub.peak_allocated_gib is None
+    monkeypatch.setenv("MBRIDGE_PERF_PACK", str(tmp_path))  # no skills/ there
+    published.published_rows.cache_clear()
+    try:
+        assert published.published_rows() == ()
+    finally:
+        monkeypatch.undo()
+        published.published_rows.cache_clear()
+    assert len(published.published_rows()) == 3

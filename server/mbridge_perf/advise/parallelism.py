@@ -42,6 +42,7 @@ from mbridge_perf.advise.pricing import (
     rescue,
     staircase,
 )
+from mbridge_perf.advise.published import PublishedLayout, PublishedRow, matching
 from mbridge_perf.config.derived import resolve_precision
 from mbridge_perf.config.errors import ConfigError, type_problem
 from mbridge_perf.config.gpus import lookup_gpu
@@ -145,6 +146,9 @@ class ParallelismPlan(BaseModel):
     cp_start: int = Field(description="seq_length / 4096 as a power of two (where the CP "
                                       "search starts)")
     layouts: list[PlannedLayout]
+    published: list[PublishedLayout] = Field(
+        description="the skills' published layouts for this model, GPU and sequence, priced "
+                    "and placed in this ranking (empty when none applies)")
     rejected: list[RejectedFamily]
     counts: PlanCounts
     notes: list[str]
@@ -345,7 +349,7 @@ def _rescue(base: TrainingConfig, cands: list[_Cand], top_k: int, count: Counter
 
 
 def _finalize(base: TrainingConfig, cands: list[_Cand], top_k: int, count: Counter,
-              rej: Rejections) -> list[_Cand]:
+              rej: Rejections, refused_families: set[tuple[int, ...]]) -> list[_Cand]:
     """Rank, price the bound-only ones that reach the top, validate; drop what the validator
     rejects and fill from below. One entry per (TP, CP, EP, ETP, PP): its best VPP / MBS, the
     other fitting ones named in its reasons."""
@@ -374,6 +378,7 @@ def _finalize(base: TrainingConfig, cands: list[_Cand], top_k: int, count: Count
         if errors:
             rej.add(f"validator: {errors[0].rule_id}: {errors[0].message}", _family(c.sk, c.cp))
             refused[errors[0].rule_id] = refused.get(errors[0].rule_id, 0) + 1
+            refused_families.add(c.family)
             continue
         c.priced.warnings = [f"{f.rule_id}: {f.message}" for f in rep.findings
                              if f.severity == "warning"]
@@ -448,6 +453,74 @@ def _reasons(c: _Cand, nvlink: int, seq: int) -> list[str]:
     return out
 
 
+def _published(base: TrainingConfig, row: PublishedRow, cands: list[_Cand], top: list[_Cand],
+               refused: set[tuple[int, ...]], count: Counter) -> PublishedLayout:
+    """Phase 5: a published layout priced and placed: its family's rank among every layout
+    that fits (the returned ones first, then the rest by the same keys, leaving out families
+    the validator refused) and the first key on which #1 beats it."""
+    sizes = {"tensor_model_parallel_size": row.tp, "context_parallel_size": row.cp,
+             "expert_model_parallel_size": row.ep, "pipeline_model_parallel_size": row.pp,
+             "virtual_pipeline_model_parallel_size": row.vpp}
+    head = {"source": row.source, "model": row.model, **sizes}
+    mine = [c for c in cands if (c.sk.tp, c.cp, c.sk.ep, c.sk.split.pp) ==
+            (row.tp, row.cp, row.ep, row.pp) and (c.sk.split.vpp if c.sk.split.vpp > 1
+                                                    else None) == row.vpp]
+    if not mine:
+        return PublishedLayout(
+            **head, fit="not_offered", rank=None, ranked_vpp=None, peak_allocated_gib=None,
+            headroom_gib=None, config_changes={}, overrides=[],
+            reason="not among the layouts enumerated here: a divisibility rule, the GPU count "
+                   "or a constraint excludes it (see rejected)")
+    pub = min(mine, key=lambda c: (c.sk.mbs, c.sk.etp != 1, c.sk.etp or 0))
+    if pub.priced is None:
+        p = price(base, pub.sk, pub.cp, count)
+        if p is not None:
+            pub.priced, pub.fit = p, "as_set" if p.fits else "no"
+    r = pub.priced.report if pub.priced is not None else None
+    changes = layout_changes(pub.sk, pub.cp)
+    mem = {"peak_allocated_gib": round(r.peak_allocated_gib, 3) if r else None,
+           "headroom_gib": round(r.headroom_gib, 2) if r and r.headroom_gib is not None
+           else None, "config_changes": changes, "overrides": as_overrides(changes)}
+    if pub.fit == "no" or pub.family in refused or r is None:
+        why = ("the validator refuses it with these settings (see rejected)"
+               if pub.family in refused else _fit_words(pub) if r else "could not be priced")
+        return PublishedLayout(**head, fit="no", rank=None, ranked_vpp=None, **mem, reason=why)
+    rank, best = _family_rank(pub, cands, top, refused)
+    why = ("ranks first" if rank == 1 else f"rank {rank} by the plan's keys" if not top else
+           _why_below(top[0], best).format(1) + f" (#1 {_family(top[0].sk, top[0].cp)}: min "
+           f"GPUs {top[0].footprint}, DP {top[0].dp}; this one: min GPUs {best.footprint}, "
+           f"DP {best.dp})")
+    return PublishedLayout(**head, fit=pub.fit, rank=rank,  # type: ignore[arg-type]
+                           ranked_vpp=best.sk.split.vpp if best.sk.split.vpp > 1 else None,
+                           **mem, reason=f"{_fit_words(pub)}; {why}")
+
+
+def _family_rank(pub: _Cand, cands: list[_Cand], top: list[_Cand],
+                 refused: set[tuple[int, ...]]) -> tuple[int, _Cand]:
+    """Where ``pub``'s family ranks, and the candidate it ranks with (its best VPP / MBS)."""
+    for i, c in enumerate(top):
+        if c.family == pub.family:
+            return i + 1, c
+    seen = {c.family for c in top} | refused
+    rank = len(top)
+    for c in sorted(cands, key=_Cand.key):
+        if c.fit == "no" or c.family in seen:
+            continue
+        seen.add(c.family)
+        rank += 1
+        if c.family == pub.family:
+            return rank, c
+    return rank + 1, pub
+
+
+def _fit_words(c: _Cand) -> str:
+    assert c.priced is not None
+    r = c.priced.report
+    state = {"as_set": "fits as set", "with_rung": "fits with a rung", "no": "does not fit"}
+    return (f"{state[c.fit]}: stage {r.most_loaded_stage} peak {r.peak_allocated_gib:.1f} GiB "
+            f"of {r.gpu_capacity_gib:.1f}")
+
+
 def _rejected(rej: Rejections) -> list[RejectedFamily]:
     rows = [RejectedFamily(family=ex, reason=reason, count=n)
             for reason, (n, ex) in rej.by_reason.items()]
@@ -485,9 +558,12 @@ def plan_parallelism(cfg: TrainingConfig, num_gpus: int, gpu: str, seq_length: i
     start = cp_start(seq)
     cands = _price_all(base, gs, n, gbs, start, mbs is not None, count, rej)
     _rescue(base, cands, top_k, count)
-    top = _finalize(base, cands, top_k, count, rej)
+    refused: set[tuple[int, ...]] = set()
+    top = _finalize(base, cands, top_k, count, rej, refused)
     layouts = [_layout(c, i + 1, top[i - 1] if i else None, spec.nvlink_domain, seq, n)
                for i, c in enumerate(top)]
+    published = [_published(base, row, cands, top, refused, count)
+                 for row in matching(base.model, spec.name, seq)]
     counts = PlanCounts(skeletons=sum(len(g.eps) for g in gs),
                         layouts=sum(len(g.eps) * len(g.cps) + g.dominated for g in gs),
                         priced=count.priced, bounded=count.bounded,
@@ -496,7 +572,8 @@ def plan_parallelism(cfg: TrainingConfig, num_gpus: int, gpu: str, seq_length: i
     plan = ParallelismPlan(
         num_gpus=n, gpu=spec.name, gpu_capacity_gib=spec.capacity_gib,
         nvlink_domain=spec.nvlink_domain, seq_length=seq, global_batch_size=gbs,
-        cp_start=start, layouts=layouts, rejected=_rejected(rej), counts=counts,
+        cp_start=start, layouts=layouts, published=published, rejected=_rejected(rej),
+        counts=counts,
         notes=_notes(base, layouts, seq, spec.nvlink_domain, count.errors, count, rej),
         answer_markdown="")
     from mbridge_perf.advise.plan_answer import plan_markdown
@@ -535,7 +612,7 @@ def _notes(cfg: TrainingConfig, layouts: list[PlannedLayout], seq: int,
 
 
 def layout_config(cfg: TrainingConfig, plan: ParallelismPlan,
-                  layout: PlannedLayout) -> TrainingConfig:
+                  layout: PlannedLayout | PublishedLayout) -> TrainingConfig:
     """The config a returned layout was priced on (for validate_config / estimate_memory):
     ``cfg`` at the plan's world, GPU, sequence and batch, with the layout's changes."""
     base = _base(cfg, plan.num_gpus, plan.gpu, plan.seq_length, plan.global_batch_size)

@@ -145,6 +145,22 @@ def _table(plan: ParallelismPlan) -> list[str]:
     return rows
 
 
+def _published(plan: ParallelismPlan) -> list[str]:
+    """The skill's published layout for this case, where it lands and why."""
+    out = []
+    for pub in plan.published:
+        vpp = pub.virtual_pipeline_model_parallel_size
+        sizes = (f"TP{pub.tensor_model_parallel_size} CP{pub.context_parallel_size} "
+                 f"EP{pub.expert_model_parallel_size} PP{pub.pipeline_model_parallel_size}"
+                 + (f" VPP{vpp}" if vpp else ""))
+        where = f"rank #{pub.rank}" if pub.rank else pub.fit.replace("_", " ")
+        out.append(f"- {sizes} ({pub.model}, the long-context skill's published layout): "
+                   f"{where} - {pub.reason}. The skill gives it as a representative family "
+                   "for efficiency, with no memory or throughput figures; this ranking prices "
+                   "memory, footprint and DP, not throughput - benchmark both if they differ.")
+    return ["", "**The skill's published layout for this case:**", *out] if out else []
+
+
 def _closing(plan: ParallelismPlan, best: PlannedLayout) -> str:
     layout = {"tp": best.tensor_model_parallel_size, "pp": best.pipeline_model_parallel_size,
               "vpp": best.virtual_pipeline_model_parallel_size,
@@ -182,6 +198,7 @@ def plan_markdown(plan: ParallelismPlan, cfg: TrainingConfig) -> str:
     body = [head, "", *[i for i in items if i], "",
             "**Ranked layouts** (validate_config passes on each; per-stage memory from "
             "estimate_memory):", "", *_table(plan)]
+    body += _published(plan)
     if plan.notes:
         body += ["", *[f"> {n}" for n in plan.notes]]
     if plan.rejected:

@@ -141,6 +141,10 @@ def test_without_the_seeds_offload_the_128k_seed_fits_only_with_a_rung() -> None
     assert "optimizer CPU offload" in lay.rung  # the seed's own lever, found by the ladder
     fixed = layout_config(cfg, p, lay)
     assert validate(fixed).ok and estimate_memory(fixed).fits
+    # the plan's note on the skill's layout says the same, with the rung in its changes
+    (pub,) = p.published
+    assert pub.fit == "with_rung" and pub.rank == 1 and "optimizer CPU offload" in pub.reason
+    assert pub.config_changes == lay.config_changes
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -476,8 +476,14 @@ def _published(base: TrainingConfig, row: PublishedRow, cands: list[_Cand], top:
         p = price(base, pub.sk, pub.cp, count)
         if p is not None:
             pub.priced, pub.fit = p, "as_set" if p.fits else "no"
+    if pub.fit == "no" and pub.priced is not None:  # the rung that would make it fit
+        got = rescue(pub.priced, count)
+        if got is not None:
+            pub.priced, pub.fit = got, "with_rung"
     r = pub.priced.report if pub.priced is not None else None
     changes = layout_changes(pub.sk, pub.cp)
+    if pub.priced is not None and pub.priced.rung is not None:
+        changes.update(pub.priced.rung.changes)
     mem = {"peak_allocated_gib": round(r.peak_allocated_gib, 3) if r else None,
            "headroom_gib": round(r.headroom_gib, 2) if r and r.headroom_gib is not None
            else None, "config_changes": changes, "overrides": as_overrides(changes)}
@@ -516,7 +522,8 @@ def _family_rank(pub: _Cand, cands: list[_Cand], top: list[_Cand],
 def _fit_words(c: _Cand) -> str:
     assert c.priced is not None
     r = c.priced.report
-    state = {"as_set": "fits as set", "with_rung": "fits with a rung", "no": "does not fit"}
+    state = {"as_set": "fits as set", "no": "does not fit",
+             "with_rung": f"fits only with: {c.priced.rung.action}" if c.priced.rung else ""}
     return (f"{state[c.fit]}: stage {r.most_loaded_stage} peak {r.peak_allocated_gib:.1f} GiB "
             f"of {r.gpu_capacity_gib:.1f}")
 

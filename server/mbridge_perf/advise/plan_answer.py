@@ -153,9 +153,9 @@ def _published(plan: ParallelismPlan) -> list[str]:
         sizes = (f"TP{pub.tensor_model_parallel_size} CP{pub.context_parallel_size} "
                  f"EP{pub.expert_model_parallel_size} PP{pub.pipeline_model_parallel_size}"
                  + (f" VPP{vpp}" if vpp else ""))
-        where = f"rank #{pub.rank}" if pub.rank else pub.fit.replace("_", " ")
+        where = f"rank #{pub.rank} - " if pub.rank else ""
         out.append(f"- {sizes} ({pub.model}, the long-context skill's published layout): "
-                   f"{where} - {pub.reason}. The skill gives it as a representative family "
+                   f"{where}{pub.reason}. The skill gives it as a representative family "
                    "for efficiency, with no memory or throughput figures; this ranking prices "
                    "memory, footprint and DP, not throughput - benchmark both if they differ.")
     return ["", "**The skill's published layout for this case:**", *out] if out else []

@@ -92,7 +92,6 @@ def _load_config(args: argparse.Namespace, which: str = "file") -> TrainingConfi
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from mbridge_perf.config.errors import ConfigError
     from mbridge_perf.rules import RULES, validate
     from mbridge_perf.rules.validate import format_report
 
@@ -100,13 +99,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         for r in RULES:
             print(f"{r.id:45} {r.severity:7} {r.ref:6} {r.summary}")
         return 0
-    try:
-        cfg = _load_config(args)
-        baseline = _load_config(args, "baseline") if args.baseline else None
-        report = validate(cfg, baseline, args.mcore_version)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    cfg = _load_config(args)
+    baseline = _load_config(args, "baseline") if args.baseline else None
+    report = validate(cfg, baseline, args.mcore_version)
     print(report.model_dump_json(indent=2) if args.json else format_report(report))
     return 0 if report.ok else 1
 
@@ -117,31 +112,19 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     from mbridge_perf.memory.estimate import format_estimate
 
     try:
-        cfg = _load_config(args)
-        report = estimate_memory(cfg, gpu=args.gpu, imbalance=args.imbalance)
         stage = None if args.stage is None else -1 if args.stage == "last" else int(args.stage)
-        text = report.model_dump_json(indent=2) if args.json else format_estimate(report, stage)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except ValueError:
-        print(f"error: --stage: expected a stage number or 'last', got {args.stage!r}",
-              file=sys.stderr)
-        return 2
-    print(text)
+        raise ConfigError("--stage", f"expected a stage number or 'last', got "
+                          f"{args.stage!r}") from None
+    report = estimate_memory(_load_config(args), gpu=args.gpu, imbalance=args.imbalance)
+    print(report.model_dump_json(indent=2) if args.json else format_estimate(report, stage))
     return 1 if report.fits is False else 0
 
 
 def _cmd_recommend(args: argparse.Namespace) -> int:
     from mbridge_perf.advise.recompute import recommend_recompute
-    from mbridge_perf.config.errors import ConfigError
 
-    try:
-        plan = recommend_recompute(_load_config(args), target_gib=args.target_gib,
-                                   gpu=args.gpu)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    plan = recommend_recompute(_load_config(args), target_gib=args.target_gib, gpu=args.gpu)
     print(plan.model_dump_json(indent=2) if args.json else plan.answer_markdown)
     return 0 if plan.first_fitting_step is not None else 1
 
@@ -150,21 +133,17 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from mbridge_perf.advise.parallelism import plan_parallelism
     from mbridge_perf.config.errors import ConfigError
 
-    try:
-        constraints: dict[str, list[int]] = {}
-        for item in args.fix:
-            name, _, values = item.partition("=")
-            try:
-                constraints[name.strip()] = [int(v) for v in values.split(",") if v.strip()]
-            except ValueError:
-                raise ConfigError(f"constraints.{name.strip()}", "expected whole numbers "
-                                  "separated by commas, e.g. context_parallel_size=16,32") from None
-        plan = plan_parallelism(_load_config(args), args.gpus, args.gpu, args.seq, args.gbs,
-                                micro_batch_size=args.mbs, top_k=args.top,
-                                constraints=constraints or None)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    constraints: dict[str, list[int]] = {}
+    for item in args.fix:
+        name, _, values = item.partition("=")
+        try:
+            constraints[name.strip()] = [int(v) for v in values.split(",") if v.strip()]
+        except ValueError:
+            raise ConfigError(f"constraints.{name.strip()}", "expected whole numbers "
+                              "separated by commas, e.g. context_parallel_size=16,32") from None
+    plan = plan_parallelism(_load_config(args), args.gpus, args.gpu, args.seq, args.gbs,
+                            micro_batch_size=args.mbs, top_k=args.top,
+                            constraints=constraints or None)
     print(plan.model_dump_json(indent=2) if args.json else plan.answer_markdown)
     return 0 if any(lay.fit != "no" for lay in plan.layouts) else 1
 

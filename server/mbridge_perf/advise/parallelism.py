@@ -231,6 +231,12 @@ class _Cand:
         return min_gpus(s.tp, s.split.pp, self.cp, s.ep, s.etp if s.etp is not None else 1)
 
     @property
+    def vpp(self) -> int | None:
+        """Bridge's virtual_pipeline_model_parallel_size: None without interleaving."""
+        v = self.sk.split.vpp
+        return v if v > 1 else None
+
+    @property
     def micro(self) -> int:
         return self.gbs // (self.dp * self.sk.mbs)
 
@@ -400,9 +406,7 @@ def _layout(c: _Cand, rank: int, prev: _Cand | None, nvlink: int, seq: int,
     p, sk, r = c.priced, c.sk, c.priced.report
     s = sk.split
     edp = n // (sk.ep * sk.etp * s.pp) if sk.etp is not None else None
-    changes = layout_changes(sk, c.cp)
-    if p.rung is not None:
-        changes.update(p.rung.changes)
+    changes = _changes(c)
     reasons = _reasons(c, nvlink, seq)
     if prev is not None:
         reasons.insert(0, _why_below(prev, c).format(rank - 1))
@@ -411,7 +415,7 @@ def _layout(c: _Cand, rank: int, prev: _Cand | None, nvlink: int, seq: int,
         s.kind, f"pipeline_model_parallel_layout={s.layout!r}")
     return PlannedLayout(
         rank=rank, tensor_model_parallel_size=sk.tp, pipeline_model_parallel_size=s.pp,
-        virtual_pipeline_model_parallel_size=s.vpp if s.vpp > 1 else None,
+        virtual_pipeline_model_parallel_size=c.vpp,
         context_parallel_size=c.cp, expert_model_parallel_size=sk.ep,
         expert_tensor_parallel_size=sk.etp, micro_batch_size=sk.mbs, data_parallel_size=c.dp,
         expert_data_parallel_size=edp, min_gpus=c.footprint,
@@ -432,15 +436,18 @@ def _layout(c: _Cand, rank: int, prev: _Cand | None, nvlink: int, seq: int,
         reasons=reasons)
 
 
+def _changes(c: _Cand) -> dict[str, Any]:
+    """A layout's dotted Bridge keys, with its rescue rung's where it has one."""
+    changes = layout_changes(c.sk, c.cp)
+    if c.priced is not None and c.priced.rung is not None:
+        changes.update(c.priced.rung.changes)
+    return changes
+
+
 def _reasons(c: _Cand, nvlink: int, seq: int) -> list[str]:
     assert c.priced is not None
-    sk, r, s = c.sk, c.priced.report, c.sk.split
-    fit = {"as_set": "fits as set", "with_rung": f"fits only with: {c.priced.rung.action}"
-           if c.priced.rung else "", "no": "does not fit"}[c.fit]
-    out = [f"{fit}: stage {r.most_loaded_stage} peak {r.peak_allocated_gib:.1f} GiB, headroom "
-           f"{r.headroom_gib:.1f} GiB of {r.gpu_capacity_gib:.1f}"
-           + ("" if r.fits_with_fragmentation else " (tight: not with the reserved band's "
-              "high end)")]
+    sk, s = c.sk, c.sk.split
+    out = [_fit_words(c)]
     ex = f"EP{sk.ep}·ETP{sk.etp}" if sk.etp is not None else "no experts"
     out.append(f"min GPUs {c.footprint} = PP{s.pp}·lcm(TP·CP {sk.tp * c.cp}, {ex}); "
                f"DP {c.dp}" + (" (DP = 1: one replica takes every GPU)" if c.dp == 1 else ""))
@@ -462,28 +469,18 @@ def _published(base: TrainingConfig, row: PublishedRow, cands: list[_Cand], top:
              "expert_model_parallel_size": row.ep, "pipeline_model_parallel_size": row.pp,
              "virtual_pipeline_model_parallel_size": row.vpp}
     head = {"source": row.source, "model": row.model, **sizes}
-    mine = [c for c in cands if (c.sk.tp, c.cp, c.sk.ep, c.sk.split.pp) ==
-            (row.tp, row.cp, row.ep, row.pp) and (c.sk.split.vpp if c.sk.split.vpp > 1
-                                                    else None) == row.vpp]
+    mine = [c for c in cands if (c.sk.tp, c.cp, c.sk.ep, c.sk.split.pp, c.vpp) ==
+            (row.tp, row.cp, row.ep, row.pp, row.vpp)]
     if not mine:
         return PublishedLayout(
             **head, fit="not_offered", rank=None, ranked_vpp=None, peak_allocated_gib=None,
             headroom_gib=None, config_changes={}, overrides=[],
             reason="not among the layouts enumerated here: a divisibility rule, the GPU count "
                    "or a constraint excludes it (see rejected)")
-    pub = min(mine, key=lambda c: (c.sk.mbs, c.sk.etp != 1, c.sk.etp or 0))
-    if pub.priced is None:
-        p = price(base, pub.sk, pub.cp, count)
-        if p is not None:
-            pub.priced, pub.fit = p, "as_set" if p.fits else "no"
-    if pub.fit == "no" and pub.priced is not None:  # the rung that would make it fit
-        got = rescue(pub.priced, count)
-        if got is not None:
-            pub.priced, pub.fit = got, "with_rung"
+    pub = _price_published(base, min(mine, key=lambda c: (c.sk.mbs, c.sk.etp != 1,
+                                                          c.sk.etp or 0)), count)
     r = pub.priced.report if pub.priced is not None else None
-    changes = layout_changes(pub.sk, pub.cp)
-    if pub.priced is not None and pub.priced.rung is not None:
-        changes.update(pub.priced.rung.changes)
+    changes = _changes(pub)
     mem = {"peak_allocated_gib": round(r.peak_allocated_gib, 3) if r else None,
            "headroom_gib": round(r.headroom_gib, 2) if r and r.headroom_gib is not None
            else None, "config_changes": changes, "overrides": as_overrides(changes)}
@@ -497,8 +494,22 @@ def _published(base: TrainingConfig, row: PublishedRow, cands: list[_Cand], top:
            f"GPUs {top[0].footprint}, DP {top[0].dp}; this one: min GPUs {best.footprint}, "
            f"DP {best.dp})")
     return PublishedLayout(**head, fit=pub.fit, rank=rank,  # type: ignore[arg-type]
-                           ranked_vpp=best.sk.split.vpp if best.sk.split.vpp > 1 else None,
+                           ranked_vpp=best.vpp,
                            **mem, reason=f"{_fit_words(pub)}; {why}")
+
+
+def _price_published(base: TrainingConfig, pub: _Cand, count: Counter) -> _Cand:
+    """Price a candidate the ranking left bound-only and, where it does not fit as set, find
+    the rescue rung that makes it fit."""
+    if pub.priced is None:
+        p = price(base, pub.sk, pub.cp, count)
+        if p is not None:
+            pub.priced, pub.fit = p, "as_set" if p.fits else "no"
+    if pub.fit == "no" and pub.priced is not None:
+        got = rescue(pub.priced, count)
+        if got is not None:
+            pub.priced, pub.fit = got, "with_rung"
+    return pub
 
 
 def _family_rank(pub: _Cand, cands: list[_Cand], top: list[_Cand],
@@ -520,12 +531,15 @@ def _family_rank(pub: _Cand, cands: list[_Cand], top: list[_Cand],
 
 
 def _fit_words(c: _Cand) -> str:
+    """Whether a priced layout fits, on which stage, with what headroom."""
     assert c.priced is not None
     r = c.priced.report
-    state = {"as_set": "fits as set", "no": "does not fit",
-             "with_rung": f"fits only with: {c.priced.rung.action}" if c.priced.rung else ""}
-    return (f"{state[c.fit]}: stage {r.most_loaded_stage} peak {r.peak_allocated_gib:.1f} GiB "
-            f"of {r.gpu_capacity_gib:.1f}")
+    fit = {"as_set": "fits as set", "with_rung": f"fits only with: {c.priced.rung.action}"
+           if c.priced.rung else "", "no": "does not fit"}[c.fit]
+    return (f"{fit}: stage {r.most_loaded_stage} peak {r.peak_allocated_gib:.1f} GiB, headroom "
+            f"{r.headroom_gib:.1f} GiB of {r.gpu_capacity_gib:.1f}"
+            + ("" if r.fits_with_fragmentation else " (tight: not with the reserved band's "
+               "high end)"))
 
 
 def _rejected(rej: Rejections) -> list[RejectedFamily]:

@@ -380,6 +380,9 @@ def test_controller_down_while_polling(reg: Registry, slurm: dict[str, Any],
     run = submit(reg, slurm_env, DP2, steps=8, launcher_args=["--sleep-per-step", "1"])
     run = wait(reg, slurm_env, run, until=frozenset({"running"}) | FINISHED)
     assert run.state == "running"
+    # the job is running once its batch script starts; its srun step needs the controller to
+    # confirm the allocation, so stop the controller only once the step itself is training
+    wait_for_log(run, r"iteration\s+1/")
     before = reg.get(run.id)
     pid_file = Path(slurm["SLURM_LOCAL_DIR"]) / "run" / "slurmctld.pid"
     pid = int(pid_file.read_text().strip())

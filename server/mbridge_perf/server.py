@@ -316,8 +316,10 @@ def _advise_tools() -> list[tuple[Callable[..., Any], str, ToolAnnotations]]:
         CP, EP, ETP, DP, EDP, MBS) of a model on num_gpus GPUs, with Parallel Folding
         (TP·CP·DP·PP = N, ETP·EP·EDP·PP = N) and the divisibility rules, priced per pipeline
         stage by estimate_memory with the config's recompute / offload, and ranked the way the
-        skills rank: fits with headroom, smallest footprint PP·lcm(TP·CP, EP·ETP), most DP, EP
-        before ETP, smaller TP, fewest pipeline bubbles. CP search starts at seq_length / 4096.
+        skills and Bridge's tuned MoE recipes rank: fits with headroom, CP no larger than
+        seq_length / 4096, smallest TP, EP before ETP, the experts' all-to-all inside the fewest
+        NVLink domains, most DP, CP nearest seq_length / 4096, fewest pipeline stages and
+        bubbles. min_gpus = PP·lcm(TP·CP, EP·ETP) is reported per layout.
         Says when a layout fits only with a selective-recompute module or optimizer offload
         (never full recompute at long context). Returns layouts (sizes, both meshes, per-stage
         peaks, headroom, micro-batches, bubble fraction, config_changes, reasons), the

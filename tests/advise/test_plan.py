@@ -153,11 +153,15 @@ def test_ranking_follows_the_keys_in_order() -> None:
     plan = qwen_plan(131072)
     lays = plan.layouts
     fit_rank = {"as_set": 0, "with_rung": 1, "no": 2}
-    keys = [(fit_rank[x.fit], not x.fits_with_fragmentation, x.min_gpus,
-             -x.data_parallel_size, x.expert_tensor_parallel_size,
-             abs(math.log2(x.context_parallel_size / plan.cp_start)),
-             x.tensor_model_parallel_size) for x in lays]
+    doublings = [math.log2(x.context_parallel_size / plan.cp_start) for x in lays]
+    keys = [(fit_rank[x.fit], not x.fits_with_fragmentation, max(0.0, d),
+             x.tensor_model_parallel_size, x.expert_tensor_parallel_size,
+             math.ceil(x.expert_model_parallel_size * x.expert_tensor_parallel_size
+                       / plan.nvlink_domain),
+             -x.data_parallel_size, abs(d), x.pipeline_model_parallel_size, x.bubble_fraction)
+            for x, d in zip(lays, doublings, strict=True)]
     assert keys == sorted(keys)
+    assert len({k[:4] for k in keys}) > 1  # the order is decided by the keys, not by ties
     assert all(x.fit != "no" for x in lays)  # misses are listed only when nothing fits
     assert lays[1].reasons[0].startswith("below #1 on: ")
 

@@ -2,15 +2,17 @@
 precision, recompute and offload of its family taken from the skill card and Bridge's own
 recipe dumps (tests/data/bridge-recipes.tar.xz), ETP = 1 as Bridge's MoE recipes set it.
 
-What our estimator says, and what these tests pin:
-- every seed layout fits as set and passes validate_config;
-- within its family (its PP and EP, ETP 1) it is in the top 3 - and at the seed's TP the CP the
-  skill gives is the smallest that fits, so DP = 1 is forced for DeepSeek-V3 as the skill says;
-- over all layouts it is not in the top 3: layouts on fewer pipeline stages fit as well and rank
-  first on a smaller footprint and more DP (Qwen3-235B: TP1 CP32 EP32 PP1 needs 32 GPUs per
-  replica and 140 GiB, the seed 128 GPUs and 158 GiB: VPP 12 at PP 4 keeps about four
-  micro-batches of a stage in flight, and TP·CP 16 leaves twice the tokens per rank); every
-  layout above a seed is there on those keys, not on memory;
+What these tests pin:
+- every seed layout fits as set, passes validate_config and is priced as estimate_memory
+  prices it;
+- both DeepSeek-V3 layouts (128K on 256 H100, 256K on 512 H100) are in the overall top 3 -
+  ranked first - and DP = 1 is forced at their TP, PP and EP;
+- Qwen3-235B's (TP4 CP4 EP32 PP4 VPP12 on 128 GB200) ranks first once its TP, PP and EP are
+  pinned, and not in the overall top 3: TP1 layouts fit as well (TP1 CP32 EP32 PP1 needs
+  140 GiB of 184 with DP 4; the seed 158 GiB with DP 2), and the smallest TP that fits ranks
+  first - the rule that puts Bridge's own MoE recipes at a median rank of 3
+  (benchmarks/plan_vs_recipes.py). The skill gives TP·CP on NVL72 as interchangeable, not TP
+  as better; nothing in the skills ranks the seed's TP4 above TP1 at more DP;
 - the plan names the seed as the skill's published layout (`published`), with the rank its
   family takes in the full ranking and the first key on which #1 beats it.
 """
@@ -79,28 +81,55 @@ def _is_seed(lay: PlannedLayout, s: dict[str, int]) -> bool:
                                                           s["vpp"])
 
 
-def _family(case: str) -> ParallelismPlan:
-    s = CASES[case][4]
-    return plan(case, pipeline_model_parallel_size=s["pp"], expert_model_parallel_size=s["ep"])
+def _seed_pos(p: ParallelismPlan, seed: dict[str, int]) -> int | None:
+    return next((i for i, x in enumerate(p.layouts) if _is_seed(x, seed)), None)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_the_seed_fits_as_set_and_is_top3_in_its_family(case: str) -> None:
-    seed = CASES[case][4]
-    p = _family(case)
-    top = p.layouts[:3]
-    hit = [lay for lay in top if _is_seed(lay, seed)]
-    assert hit, [(x.tensor_model_parallel_size, x.context_parallel_size,
-                  x.virtual_pipeline_model_parallel_size) for x in top]
-    lay = hit[0]
+def _priced_as_estimated(case: str, p: ParallelismPlan, lay: PlannedLayout) -> None:
     assert lay.fit == "as_set" and lay.headroom_gib > 0 and lay.fits_with_fragmentation
     cfg = layout_config(config(case), p, lay)
     assert validate(cfg).ok
     assert round(estimate_memory(cfg).peak_allocated_gib, 3) == lay.peak_allocated_gib
-    # the family's top 3 all split the sequence as the seed does (TP·CP) or use more DP
-    for other in top:
-        assert (other.tensor_model_parallel_size * other.context_parallel_size
-                <= seed["tp"] * seed["cp"])
+
+
+@pytest.mark.parametrize("case", ["dsv3-128k", "dsv3-256k"])
+def test_the_deepseek_seed_fits_and_is_in_the_top3(case: str) -> None:
+    seed = CASES[case][4]
+    p = plan(case)
+    pos = _seed_pos(p, seed)
+    assert pos is not None and pos < 3, [(x.tensor_model_parallel_size,
+                                          x.context_parallel_size,
+                                          x.expert_model_parallel_size,
+                                          x.pipeline_model_parallel_size) for x in p.layouts[:3]]
+    _priced_as_estimated(case, p, p.layouts[pos])
+    # what ranks with it splits the sequence at least as finely and keeps TP inside a node
+    for lay in p.layouts[:3]:
+        assert lay.context_parallel_size >= p.cp_start // 2
+        assert lay.tensor_model_parallel_size <= 8
+
+
+def test_the_qwen_seed_ranks_first_at_the_skills_tp_pp_ep() -> None:
+    seed = CASES["qwen3-128k"][4]
+    p = plan("qwen3-128k", tensor_model_parallel_size=seed["tp"],
+             pipeline_model_parallel_size=seed["pp"], expert_model_parallel_size=seed["ep"])
+    best = p.layouts[0]
+    assert _is_seed(best, seed)  # the skill's CP and VPP: CP 2 does not fit, CP 8 halves DP
+    _priced_as_estimated("qwen3-128k", p, best)
+    assert all(x.context_parallel_size > seed["cp"] for x in p.layouts[1:])
+
+
+def test_the_qwen_seed_ranks_below_layouts_with_a_smaller_tp() -> None:
+    seed = CASES["qwen3-128k"][4]
+    p = plan("qwen3-128k")
+    pos = _seed_pos(p, seed)
+    assert pos is None or pos >= 3  # recorded finding: not top 3 overall (module docstring)
+    (pub,) = p.published
+    assert pub.rank is not None and pub.rank > 3
+    assert "below #1 on: smaller TP" in pub.reason
+    top = p.layouts[0]
+    assert top.tensor_model_parallel_size < seed["tp"] and top.data_parallel_size > 2
+    for above in p.layouts[:min(pos or len(p.layouts), 10)]:
+        assert above.fit == "as_set" and above.tensor_model_parallel_size <= seed["tp"]
 
 
 @pytest.mark.parametrize("case", ["dsv3-128k", "dsv3-256k"])
@@ -113,20 +142,6 @@ def test_deepseek_dp1_is_forced_at_the_seeds_tp_pp_ep(case: str) -> None:
     assert best.min_gpus == CASES[case][1]  # 256 / 512, not the product of the sizes
     # half the CP (DP 2) is priced and does not fit
     assert all(x.context_parallel_size >= seed["cp"] for x in p.layouts)
-
-
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_layouts_above_the_seed_rank_there_on_footprint_or_dp(case: str) -> None:
-    seed = CASES[case][4]
-    p = plan(case)
-    pos = next((i for i, x in enumerate(p.layouts) if _is_seed(x, seed)), len(p.layouts))
-    assert pos >= 3  # recorded finding: not top 3 overall (see the module docstring)
-    ref = p.layouts[pos] if pos < len(p.layouts) else None
-    seed_min, seed_dp = (ref.min_gpus, ref.data_parallel_size) if ref else (CASES[case][1], 1)
-    for above in p.layouts[:min(pos, 10)]:
-        assert above.fit == "as_set"
-        assert (above.min_gpus, -above.data_parallel_size) <= (seed_min, -seed_dp)
-        assert above.tensor_model_parallel_size <= 8 or CASES[case][2] == "GB200"
 
 
 def test_without_the_seeds_offload_the_128k_seed_fits_only_with_a_rung() -> None:
@@ -164,7 +179,10 @@ def test_the_plan_places_the_skills_published_layout(case: str) -> None:
         assert pub.rank == pos + 1 and pub.peak_allocated_gib == p.layouts[pos].peak_allocated_gib
     else:
         assert pub.rank is not None and pub.rank > len(p.layouts)
-    assert "below #1 on: smaller model-parallel footprint" in pub.reason
+    if pub.rank == 1:
+        assert pub.reason.endswith("ranks first")
+    else:
+        assert "below #1 on: " in pub.reason and "#1 TP" in pub.reason
     # its memory is estimate_memory on its own config, which the validator accepts
     cfg = layout_config(config(case), p, pub)
     assert validate(cfg).ok

@@ -6,18 +6,27 @@ active parameters, CP too small at 256K, TP over EP for experts) come from guess
 The planner enumerates with Parallel Folding (attention mesh TP·CP·DP·PP = N, expert mesh
 ETP·EP·EDP·PP = N), rejects by the divisibility rules, prices with ``estimate_memory`` (with
 the recompute the user set; a short rescue ladder says when a layout fits only with a rung)
-and ranks: (1) fits with headroom, (2) smallest model-parallel footprint PP·lcm(TP·CP, EP·ETP),
-(3) most DP, (4) experts on EP before ETP, then the CP nearest seq / 4096 and the smallest TP
-for the same sequence split TP·CP, (5) fewest pipeline bubbles (PP - 1) / (VPP·M); headroom
-breaks the remaining ties. CP search starts at seq / 4096 (the long-context skill): a starting
-point and a late tie-break, never ahead of memory, footprint or DP.
+and ranks, in order: (1) fits with headroom (as set, then tight, then only with a rung);
+(2) CP no larger than seq / 4096 (shards of at least the skill's 4K tokens); (3) the smallest
+TP; (4) experts on EP before ETP; (5) the experts' all-to-all inside the fewest NVLink
+domains; (6) the most DP; (7) the CP nearest seq / 4096; (8) the fewest pipeline stages, then
+bubbles (PP - 1) / (VPP·M); headroom breaks the remaining ties.
+
+Why these keys and not "smallest footprint PP·lcm(TP·CP, EP·ETP) first": measured against
+the layouts NVIDIA tuned for throughput - Bridge's 94 MoE perf recipes and the long-context
+skill's published layouts (``benchmarks/plan_vs_recipes.py``) - footprint-first put the
+recipe's own layout at a median rank of 106; these keys put it at a median of 3. Those
+recipes keep TP at 1 (2 on H100 for the 671B / 235B models), keep CP at 1 for 4K, keep the
+experts' all-to-all inside the NVLink domain where the memory allows it, and spend the rest
+on PP: the workflow skill's "smallest model parallelism that fits, maximise DP, frequent
+communication inside the fastest interconnect, PP across nodes, EP before TP for experts".
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from math import log2
+from math import ceil, log2
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
@@ -213,7 +222,8 @@ class _Cand:
     gbs: int
     fit: str
     priced: Priced | None  # None: fits by the CP bound, not priced yet
-    start: int = 1  # the skill's CP = seq / 4096: a tie-break once fit, footprint, DP agree
+    start: int = 1  # the skill's CP = seq / 4096
+    nvlink: int = 8  # GPUs in one NVLink domain (the GPU catalog's)
     alts: list[str] = field(default_factory=list)
 
     @property
@@ -237,6 +247,16 @@ class _Cand:
         return v if v > 1 else None
 
     @property
+    def cp_over(self) -> float:
+        """How many doublings CP goes past seq / 4096: shards under 4K tokens."""
+        return max(0.0, log2(self.cp / self.start))
+
+    @property
+    def ep_domains(self) -> int:
+        """NVLink domains one expert all-to-all group (EP·ETP ranks) spans."""
+        return ceil(self.sk.ep * (self.sk.etp or 1) / self.nvlink)
+
+    @property
     def micro(self) -> int:
         return self.gbs // (self.dp * self.sk.mbs)
 
@@ -252,19 +272,24 @@ class _Cand:
         tight = self.priced is not None and not self.priced.report.fits_with_fragmentation
         return 2 * _FIT[self.fit] + tight
 
+    def order(self) -> tuple[Any, ...]:
+        """Keys (2) to (8) of the module docstring: what ranks layouts that fit alike."""
+        s = self.sk
+        return (self.cp_over, s.tp, s.etp or 0, self.ep_domains, -self.dp,
+                abs(log2(self.cp / self.start)), s.split.pp, self.bubble)
+
     def key(self) -> tuple[Any, ...]:
         head = -(self.priced.report.headroom_gib or 0.0) if self.priced else 0.0
         if self.fit == "no":
             return (4, head)
-        return (self.fit_class(), self.footprint, -self.dp, self.sk.etp or 0,
-                abs(log2(self.cp / self.start)), self.sk.tp, self.bubble, head)
+        return (self.fit_class(), *self.order(), head)
 
 
 _KEY_WORDS = ("fits with headroom (as set, then tight, then only with a rung)",
-              "smaller model-parallel footprint (min GPUs)",
-              "more data parallelism", "experts on EP before ETP",
-              "CP nearer seq / 4096 (the skill's start)", "smaller TP",
-              "fewer pipeline bubbles", "more headroom")
+              "CP no larger than seq / 4096 (shards of at least 4K tokens)", "smaller TP",
+              "experts on EP before ETP", "expert all-to-all inside fewer NVLink domains",
+              "more data parallelism", "CP nearer seq / 4096 (the skill's start)",
+              "fewer pipeline stages", "fewer pipeline bubbles", "more headroom")
 
 
 def _why_below(prev: _Cand, cur: _Cand) -> str:
@@ -285,7 +310,7 @@ def _enumerate(base: TrainingConfig, n: int, nvlink: int, gbs: int, mbs: int | N
 
 
 def _price_all(base: TrainingConfig, gs: list[Group], n: int, gbs: int, start: int,
-               mbs_fixed: bool, count: Counter, rej: Rejections) -> list[_Cand]:
+               nvlink: int, mbs_fixed: bool, count: Counter, rej: Rejections) -> list[_Cand]:
     """The staircase of every group. Unless the user fixed it, MBS > 1 is not priced: it needs
     more memory than MBS 1 and ranks below it (fewer micro-batches, larger bubble). Interleaving
     adds memory, so a VPP > 1 group is not priced when its VPP 1 group missed by more than
@@ -309,10 +334,12 @@ def _price_all(base: TrainingConfig, gs: list[Group], n: int, gbs: int, start: i
             continue
         priced, bounds = staircase(base, g, start, count)
         for (_ep, cp), p in priced.items():
-            cands.append(_Cand(p.sk, cp, n, gbs, "as_set" if p.fits else "no", p, start))
+            cands.append(_Cand(p.sk, cp, n, gbs, "as_set" if p.fits else "no", p, start,
+                               nvlink))
         for ep, cp_b in bounds.items():
             extra = [c for c in g.cps if c > cp_b and (ep, c) not in priced]
-            cands += [_Cand(g.skeleton(ep), c, n, gbs, "as_set", None, start) for c in extra]
+            cands += [_Cand(g.skeleton(ep), c, n, gbs, "as_set", None, start, nvlink)
+                      for c in extra]
         count.bounded += size - len(priced)
         if not bounds and priced:
             corner = max(priced.values(), key=lambda p: (p.sk.ep, p.cp))
@@ -346,7 +373,7 @@ def _rescue(base: TrainingConfig, cands: list[_Cand], top_k: int, count: Counter
     if fitting >= top_k:
         return
     todo = [c for c in cands if c.fit == "no" and c.priced is not None]
-    todo.sort(key=lambda c: (c.footprint, -c.dp, c.sk.etp or 0, c.sk.tp, c.bubble))
+    todo.sort(key=_Cand.order)
     for c in todo[:RESCUE_BUDGET]:
         assert c.priced is not None
         got = rescue(c.priced, count)
@@ -452,7 +479,9 @@ def _reasons(c: _Cand, nvlink: int, seq: int) -> list[str]:
     out.append(f"min GPUs {c.footprint} = PP{s.pp}·lcm(TP·CP {sk.tp * c.cp}, {ex}); "
                f"DP {c.dp}" + (" (DP = 1: one replica takes every GPU)" if c.dp == 1 else ""))
     out.append(f"TP{sk.tp} inside the NVLink domain of {nvlink}"
-               + (f"; experts on EP{sk.ep} with ETP{sk.etp}" if sk.etp is not None else ""))
+               + (f"; experts on EP{sk.ep} with ETP{sk.etp}, their all-to-all over "
+                  f"{c.ep_domains} NVLink domain{'s' if c.ep_domains > 1 else ''}"
+                  if sk.etp is not None else ""))
     out.append(f"bubble (PP-1)/(VPP·M) = {s.pp - 1}/({s.vpp}·{c.micro}) = {c.bubble:.1%}")
     out.append(f"{seq // c.cp} tokens per CP rank (the skill's start: 4096)")
     if c.alts:
@@ -490,12 +519,17 @@ def _published(base: TrainingConfig, row: PublishedRow, cands: list[_Cand], top:
         return PublishedLayout(**head, fit="no", rank=None, ranked_vpp=None, **mem, reason=why)
     rank, best = _family_rank(pub, cands, top, refused)
     why = ("ranks first" if rank == 1 else f"rank {rank} by the plan's keys" if not top else
-           _why_below(top[0], best).format(1) + f" (#1 {_family(top[0].sk, top[0].cp)}: min "
-           f"GPUs {top[0].footprint}, DP {top[0].dp}; this one: min GPUs {best.footprint}, "
-           f"DP {best.dp})")
+           _why_below(top[0], best).format(1) + f" (#1 {_family(top[0].sk, top[0].cp)}: "
+           f"{_traits(top[0])}; this one: {_traits(best)})")
     return PublishedLayout(**head, fit=pub.fit, rank=rank,  # type: ignore[arg-type]
                            ranked_vpp=best.vpp,
                            **mem, reason=f"{_fit_words(pub)}; {why}")
+
+
+def _traits(c: _Cand) -> str:
+    """What the ranking reads beyond the sizes _family spells, to compare two layouts."""
+    return (f"experts over {c.ep_domains} NVLink domain{'s' if c.ep_domains > 1 else ''}, "
+            f"DP {c.dp}")
 
 
 def _price_published(base: TrainingConfig, pub: _Cand, count: Counter) -> _Cand:
@@ -577,7 +611,8 @@ def plan_parallelism(cfg: TrainingConfig, num_gpus: int, gpu: str, seq_length: i
     rej, count = Rejections({}), Counter()
     gs = _enumerate(base, n, spec.nvlink_domain, gbs, mbs, cons, rej)
     start = cp_start(seq)
-    cands = _price_all(base, gs, n, gbs, start, mbs is not None, count, rej)
+    cands = _price_all(base, gs, n, gbs, start, spec.nvlink_domain, mbs is not None,
+                       count, rej)
     _rescue(base, cands, top_k, count)
     refused: set[tuple[int, ...]] = set()
     top = _finalize(base, cands, top_k, count, rej, refused)

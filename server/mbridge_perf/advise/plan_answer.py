@@ -157,7 +157,8 @@ def _published(plan: ParallelismPlan) -> list[str]:
         out.append(f"- {sizes} ({pub.model}, the long-context skill's published layout): "
                    f"{where}{pub.reason}. The skill gives it as a representative family "
                    "for efficiency, with no memory or throughput figures; this ranking prices "
-                   "memory, footprint and DP, not throughput - benchmark both if they differ.")
+                   "memory and orders by the skills' layout rules (checked against Bridge's "
+                   "tuned recipes), it does not time a step - benchmark both if they differ.")
     return ["", "**The skill's published layout for this case:**", *out] if out else []
 
 

@@ -1,12 +1,12 @@
 """The skills' published layouts for a plan's case: which one applies, read from the card.
 
 Why: the long-context skill publishes layout families (DeepSeek-V3 128K and 256K on H100,
-Qwen3-235B 128K on GB200) that were picked on runs for throughput; the planner ranks by memory,
-footprint and DP, and the two can disagree. When a plan's model, GPU and sequence match a
-published row, the plan prices that layout and says where it lands and what ranks above it, so
-the assistant reconciles the two instead of quoting one and ignoring the other. The rows come
-from the skill's card.yaml (``measured_results`` id ``long-context-layouts``), the same source
-the SKILL.md renders: no second copy to drift.
+Qwen3-235B 128K on GB200) that were picked on runs for throughput; the planner ranks by memory
+and the skills' layout rules, without timing a step, and the two can disagree. When a plan's
+model, GPU and sequence match a published row, the plan prices that layout and says where it
+lands and what ranks above it, so the assistant reconciles the two instead of quoting one and
+ignoring the other. The rows come from the skill's card.yaml (``measured_results`` id
+``long-context-layouts``), the same source the SKILL.md renders: no second copy to drift.
 """
 
 from __future__ import annotations

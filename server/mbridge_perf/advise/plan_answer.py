@@ -52,7 +52,8 @@ def _budget(plan: ParallelismPlan, best: PlannedLayout) -> str:
         text += f"; minimum GPUs = TP·CP·PP = {best.min_gpus}"
     dp_note = (" DP = 1 here: one replica takes every GPU; preserve DP above its floor when "
                "you add GPUs." if best.data_parallel_size == 1 else
-               " This keeps DP above its floor (more DP ranks first among layouts that fit).")
+               " This keeps DP above its floor (more DP ranks first once TP, CP and the "
+               "experts' NVLink span agree).")
     return text + "." + dp_note
 
 

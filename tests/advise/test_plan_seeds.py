@@ -209,3 +209,14 @@ def test_no_published_layout_for_another_case_or_without_the_pack(monkeypatch, t
         monkeypatch.undo()
         published.published_rows.cache_clear()
     assert len(published.published_rows()) == 3
+
+
+def test_the_published_rank_does_not_depend_on_top_k() -> None:
+    # below the returned layouts each family is validated before it is counted, as the
+    # returned ones are: a short list and a long one place the seed alike
+    short = plan_parallelism(config("qwen3-128k"), 128, "GB200", 131072, 128, top_k=3,
+                             constraints=ETP1)
+    (pub,) = short.published
+    assert pub.rank == plan("qwen3-128k").published[0].rank
+    assert pub.rank == 1 + next(i for i, x in enumerate(plan("qwen3-128k").layouts)
+                                if _is_seed(x, CASES["qwen3-128k"][4]))

@@ -399,28 +399,46 @@ def _finalize(base: TrainingConfig, cands: list[_Cand], top_k: int, count: Count
             continue
         if len(out) >= top_k:
             continue
-        if c.priced is None:
-            p = price(base, c.sk, c.cp, count)
-            if p is None:
-                continue
-            c.priced = p
-            c.fit = "as_set" if p.fits else "no"
-        rep = validate(c.priced.cfg)
-        count.validated += 1
-        errors = [f for f in rep.findings if f.severity == "error"]
-        if errors:
-            rej.add(f"validator: {errors[0].rule_id}: {errors[0].message}", _family(c.sk, c.cp))
-            refused[errors[0].rule_id] = refused.get(errors[0].rule_id, 0) + 1
+        rule = _admit(base, c, count, rej)
+        if rule is None:
+            continue
+        if rule:
+            refused[rule] = refused.get(rule, 0) + 1
             refused_families.add(c.family)
             continue
-        c.priced.warnings = [f"{f.rule_id}: {f.message}" for f in rep.findings
-                             if f.severity == "warning"]
         out.append(c)
         best[c.family] = c
     out.sort(key=_Cand.key)
     if any(c.fit != "no" for c in out):  # the closest misses only when nothing fits
         out = [c for c in out if c.fit != "no"]
     return out
+
+
+def _price_into(base: TrainingConfig, c: _Cand, count: Counter) -> bool:
+    """Price a bound-only candidate in place; False when the estimator refuses it."""
+    if c.priced is None:
+        p = price(base, c.sk, c.cp, count)
+        if p is None:
+            return False
+        c.priced, c.fit = p, "as_set" if p.fits else "no"
+    return True
+
+
+def _admit(base: TrainingConfig, c: _Cand, count: Counter, rej: Rejections) -> str | None:
+    """Price a bound-only candidate and validate it: "" when it is kept, the rule id of the
+    first validator error when refused, None when it cannot be priced."""
+    if not _price_into(base, c, count):
+        return None
+    assert c.priced is not None
+    rep = validate(c.priced.cfg)
+    count.validated += 1
+    errors = [f for f in rep.findings if f.severity == "error"]
+    if errors:
+        rej.add(f"validator: {errors[0].rule_id}: {errors[0].message}", _family(c.sk, c.cp))
+        return errors[0].rule_id
+    c.priced.warnings = [f"{f.rule_id}: {f.message}" for f in rep.findings
+                         if f.severity == "warning"]
+    return ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -517,7 +535,7 @@ def _published(base: TrainingConfig, row: PublishedRow, cands: list[_Cand], top:
         why = ("the validator refuses it with these settings (see rejected)"
                if pub.family in refused else _fit_words(pub) if r else "could not be priced")
         return PublishedLayout(**head, fit="no", rank=None, ranked_vpp=None, **mem, reason=why)
-    rank, best = _family_rank(pub, cands, top, refused)
+    rank, best = _family_rank(base, pub, cands, top, refused, count)
     why = ("ranks first" if rank == 1 else f"rank {rank} by the plan's keys" if not top else
            _why_below(top[0], best).format(1) + f" (#1 {_family(top[0].sk, top[0].cp)}: "
            f"{_traits(top[0])}; this one: {_traits(best)})")
@@ -535,10 +553,7 @@ def _traits(c: _Cand) -> str:
 def _price_published(base: TrainingConfig, pub: _Cand, count: Counter) -> _Cand:
     """Price a candidate the ranking left bound-only and, where it does not fit as set, find
     the rescue rung that makes it fit."""
-    if pub.priced is None:
-        p = price(base, pub.sk, pub.cp, count)
-        if p is not None:
-            pub.priced, pub.fit = p, "as_set" if p.fits else "no"
+    _price_into(base, pub, count)
     if pub.fit == "no" and pub.priced is not None:
         got = rescue(pub.priced, count)
         if got is not None:
@@ -546,16 +561,23 @@ def _price_published(base: TrainingConfig, pub: _Cand, count: Counter) -> _Cand:
     return pub
 
 
-def _family_rank(pub: _Cand, cands: list[_Cand], top: list[_Cand],
-                 refused: set[tuple[int, ...]]) -> tuple[int, _Cand]:
-    """Where ``pub``'s family ranks, and the candidate it ranks with (its best VPP / MBS)."""
+def _family_rank(base: TrainingConfig, pub: _Cand, cands: list[_Cand], top: list[_Cand],
+                 refused: set[tuple[int, ...]], count: Counter) -> tuple[int, _Cand]:
+    """Where ``pub``'s family ranks, and the candidate it ranks with (its best VPP / MBS).
+    Below the returned layouts each family is priced and validated as _finalize does, so the
+    rank does not depend on top_k."""
     for i, c in enumerate(top):
         if c.family == pub.family:
             return i + 1, c
     seen = {c.family for c in top} | refused
-    rank = len(top)
-    for c in sorted(cands, key=_Cand.key):
+    rest = [c for c in cands if c.fit != "no" and c.family not in seen]
+    for c in rest:
+        _price_into(base, c, count)
+    rank, scratch = len(top), Rejections({})
+    for c in sorted(rest, key=_Cand.key):
         if c.fit == "no" or c.family in seen:
+            continue
+        if c.family != pub.family and _admit(base, c, count, scratch) != "":
             continue
         seen.add(c.family)
         rank += 1

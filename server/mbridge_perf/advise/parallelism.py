@@ -24,6 +24,7 @@ communication inside the fastest interconnect, PP across nodes, EP before TP for
 
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass, field
 from math import ceil, log2
@@ -565,17 +566,23 @@ def _family_rank(base: TrainingConfig, pub: _Cand, cands: list[_Cand], top: list
                  refused: set[tuple[int, ...]], count: Counter) -> tuple[int, _Cand]:
     """Where ``pub``'s family ranks, and the candidate it ranks with (its best VPP / MBS).
     Below the returned layouts each family is priced and validated as _finalize does, so the
-    rank does not depend on top_k."""
+    rank does not depend on top_k; a bound-only candidate's key can only fall when priced, so
+    candidates are priced lazily, in key order, and only those ahead of ``pub`` are."""
     for i, c in enumerate(top):
         if c.family == pub.family:
             return i + 1, c
     seen = {c.family for c in top} | refused
-    rest = [c for c in cands if c.fit != "no" and c.family not in seen]
-    for c in rest:
-        _price_into(base, c, count)
+    heap = [(c.key(), i, c) for i, c in enumerate(cands)
+            if c.fit != "no" and c.family not in seen]
+    heapq.heapify(heap)
     rank, scratch = len(top), Rejections({})
-    for c in sorted(rest, key=_Cand.key):
-        if c.fit == "no" or c.family in seen:
+    while heap:
+        _, i, c = heapq.heappop(heap)
+        if c.family in seen:
+            continue
+        if c.priced is None:
+            if _price_into(base, c, count) and c.fit != "no":
+                heapq.heappush(heap, (c.key(), i, c))
             continue
         if c.family != pub.family and _admit(base, c, count, scratch) != "":
             continue

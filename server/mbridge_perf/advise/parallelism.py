@@ -13,9 +13,9 @@ domains; (6) the most DP; (7) the CP nearest seq / 4096; (8) the fewest pipeline
 bubbles (PP - 1) / (VPP·M); headroom breaks the remaining ties.
 
 Why these keys and not "smallest footprint PP·lcm(TP·CP, EP·ETP) first": measured against
-the layouts NVIDIA tuned for throughput - Bridge's 94 MoE perf recipes and the long-context
-skill's published layouts (``benchmarks/plan_vs_recipes.py``) - footprint-first put the
-recipe's own layout at a median rank of 106; these keys put it at a median of 3. Those
+the layouts NVIDIA tuned for throughput - the 88 Bridge MoE perf recipes whose own layout our
+estimator fits (``benchmarks/plan_vs_recipes.py``) - footprint-first put one recipe layout in
+the top 3 and the median beyond rank 50; these keys put 49 in the top 3, median 3. Those
 recipes keep TP at 1 (2 on H100 for the 671B / 235B models), keep CP at 1 for 4K, keep the
 experts' all-to-all inside the NVLink domain where the memory allows it, and spend the rest
 on PP: the workflow skill's "smallest model parallelism that fits, maximise DP, frequent

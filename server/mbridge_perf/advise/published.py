@@ -43,9 +43,9 @@ class PublishedLayout(BaseModel):
         description="as priced with the config's settings; not_offered: the sizes are not "
                     "among the layouts enumerated here (rules, constraints or GPU count)")
     rank: int | None = Field(description="where its (TP, CP, EP, ETP, PP) family ranks among "
-                                         "every enumerated layout that fits, by the plan's "
-                                         "keys; ranks past the returned layouts are by the "
-                                         "same keys without validating the layouts ahead")
+                                         "every enumerated layout that fits and passes "
+                                         "validate_config, by the plan's keys (the same "
+                                         "whatever top_k)")
     ranked_vpp: int | None = Field(description="the VPP its family ranks with (its best)")
     peak_allocated_gib: float | None
     headroom_gib: float | None

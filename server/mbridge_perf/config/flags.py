@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mbridge_perf.config.errors import ConfigError, did_you_mean
+from mbridge_perf.config.overrides import parse_override
 
 Overrides = list[tuple[list[str], Any]]
 
@@ -201,8 +202,6 @@ def flag_names() -> frozenset[str]:
 def parse_perf_flags(args: Sequence[str]) -> tuple[Overrides, str | None]:
     """Return (overrides in order, preset name from `-mr/--model_recipe_name` if any).
     Trailing `section.field=value` items are Hydra overrides, applied after the flags."""
-    from mbridge_perf.config.load import parse_override
-
     out: Overrides = []
     trailing: Overrides = []
     preset: str | None = None

@@ -12,8 +12,6 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Mapping, Sequence
-from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mbridge_perf.config.errors import ConfigError, did_you_mean, type_problem
+from mbridge_perf.config.fields import known_fields
+from mbridge_perf.config.flags import parse_perf_flags
 from mbridge_perf.config.limits import (
     MAX_DEPTH,
     check_count,
@@ -29,28 +29,12 @@ from mbridge_perf.config.limits import (
     load_yaml,
     max_config_bytes,
 )
-from mbridge_perf.config.model import CARRIED_SECTIONS, Section, TrainingConfig
+from mbridge_perf.config.model import TrainingConfig
+from mbridge_perf.config.overrides import parse_override, set_path
 
 # Hydra / OmegaConf instantiation markers found in Bridge config dumps; not fields.
 _MARKERS = frozenset({"_target_", "_partial_", "_call_", "_recursive_", "_convert_", "_args_"})
 _OURS = {"env", "cluster"}
-
-
-@cache
-def known_fields() -> dict[str, frozenset[str]]:
-    """Field names the real ConfigContainer sections accept (generated from Megatron-Core and
-    Megatron Bridge by scripts/gen_known_fields.py), plus the ones we model."""
-    text = resources.files("mbridge_perf.config").joinpath("known_fields.json").read_text()
-    data = json.loads(text)
-    sections = {k: frozenset(v) for k, v in data["sections"].items()}
-    for name, info in TrainingConfig.model_fields.items():
-        sub = info.annotation
-        for cls in getattr(sub, "__args__", (sub,)):
-            if isinstance(cls, type) and issubclass(cls, Section):
-                sections[name] = sections.get(name, frozenset()) | frozenset(cls.model_fields)
-    sections["top_level"] = frozenset(data.get("top_level", ())) | frozenset(
-        TrainingConfig.model_fields) | frozenset(CARRIED_SECTIONS)
-    return sections
 
 
 # ------------------------------------------------------------------ reading inputs
@@ -139,60 +123,7 @@ def preset_data(name: str) -> dict[str, Any]:
     return {"model": model, **({"train": train} if train else {})}
 
 
-# ------------------------------------------------------------------ overrides
-
-def parse_override(text: str) -> tuple[list[str], Any, bool]:
-    """`section.field=value` → (path, value, delete). Hydra's `+key=v` adds, `~key` deletes;
-    values are YAML scalars or flow lists (`[core_attn,mlp]`)."""
-    raw = text.strip()
-    delete = raw.startswith("~")
-    raw = raw.lstrip("+~")
-    key, sep, value = raw.partition("=")
-    key = key.strip()
-    whole_section = "." not in key and key in known_fields()["top_level"]
-    if (not sep and not delete) or not (whole_section or "." in key) or not all(
-            key.split(".")):
-        raise ConfigError(text, "an override must look like section.field=value, e.g. "
-                                "model.tensor_model_parallel_size=8")
-    path = key.split(".")
-    if delete:
-        return path, None, True
-    if path[0] == "env":
-        return path, value, False  # environment values stay strings, verbatim
-    try:
-        parsed = load_yaml(value, key) if value.strip() else ""
-    except yaml.YAMLError:
-        parsed = value
-    return path, parsed, False
-
-
-def set_path(data: dict[str, Any], path: Sequence[str], value: Any, delete: bool = False
-             ) -> None:
-    node = data
-    for part in path[:-1]:
-        child = node.get(part)
-        if node is data and part == "mixed_precision" and isinstance(child, str):
-            child = _recipe_fields(child)  # `mixed_precision.fp8=…` refines the named recipe
-        if not isinstance(child, dict):
-            child = {}
-        node[part] = child
-        node = child
-    if delete:
-        node.pop(path[-1], None)
-    else:
-        node[path[-1]] = value
-
-
-def _recipe_fields(name: str) -> Any:
-    """A Bridge mixed-precision recipe name as the fields it sets."""
-    from mbridge_perf.config.derived import MIXED_PRECISION_RECIPES
-
-    fields = MIXED_PRECISION_RECIPES.get(name)
-    if fields is None:
-        raise ConfigError("mixed_precision", f"unknown recipe {name!r}" + did_you_mean(
-            name, MIXED_PRECISION_RECIPES) + "; a field override refines a known recipe")
-    return dict(fields)
-
+# ------------------------------------------------------------------ merging
 
 def merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     """Deep merge: mappings merge key by key, anything else replaces."""
@@ -266,8 +197,6 @@ def load_config(*, preset: str | None = None, file: str | Path | None = None,
     check_count(flags, "perf_flags")
     flag_overrides, flag_preset = ([], None)
     if flags:
-        from mbridge_perf.config.flags import parse_perf_flags
-
         flag_overrides, flag_preset = parse_perf_flags(flags)
     if preset or flag_preset:
         merged = preset_data(preset or flag_preset or "")

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from mbridge_perf.evals.answer import load_answer, parse_answer
+from mbridge_perf.evals.cases import Case
 from mbridge_perf.evals.grade import grade_case
-from mbridge_perf.evals.suite import Case, all_cases, answer_files, coverage, judge, run_suite
+from mbridge_perf.evals.suite import all_cases, answer_files, coverage, judge, run_suite
 
 from helpers import REPO, SKILL_NAMES
 

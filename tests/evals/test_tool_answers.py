@@ -72,8 +72,8 @@ async def test_estimate_memory_returns_answer_markdown(client: Client) -> None:
 def test_a_tool_not_in_the_build_is_reported_unscored_not_faked(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     from mbridge_perf.evals import tools
+    from mbridge_perf.evals.cases import RunReport
     from mbridge_perf.evals.report import junit, table
-    from mbridge_perf.evals.suite import RunReport
 
     def missing(*_: Any) -> Any:
         raise ImportError("No module named 'mbridge_perf.advise.parallelism'")

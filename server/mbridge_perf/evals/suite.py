@@ -6,35 +6,18 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mbridge_perf.evals.answer import AnswerError, load_answer
-from mbridge_perf.evals.grade import Grade, grade_case
-from mbridge_perf.skillpack.pack import PackError, Skill, list_skills
+from mbridge_perf.evals.cases import Case, Outcome, RunReport, SuiteError
+from mbridge_perf.evals.grade import grade_case
+from mbridge_perf.evals.tools import tool_outcome
+from mbridge_perf.skillpack.pack import PackError, list_skills
 
 EVALS_DIR = "evals"
 ANSWERS = "answers"
 VERDICTS = ("golden", "bad")
-
-
-class SuiteError(ValueError):
-    """The suite cannot be read; the message names the file and what to fix."""
-
-
-@dataclass
-class Case:
-    skill: Skill
-    data: dict[str, Any]
-
-    @property
-    def id(self) -> str:
-        return str(self.data["id"])
-
-    @property
-    def positive(self) -> bool:
-        return self.data.get("expected_skill") is not None
 
 
 def all_cases(root: Path, skill: str | None = None) -> list[Case]:
@@ -56,30 +39,6 @@ def find_case(root: Path, case_id: str) -> Case:
             return case
     raise SuiteError(f"--case {case_id!r}: no case with that id in skills/*/evals/evals.json "
                      "(`mbridge-perf eval run` lists them)")
-
-
-@dataclass
-class Outcome:
-    """One graded answer and whether the grader judged it as its recording says it should."""
-
-    case: str
-    skill: str
-    answer: str
-    verdict: str
-    grade: Grade | None
-    ok: bool
-    note: str
-    seconds: float = 0.0
-
-
-@dataclass
-class RunReport:
-    outcomes: list[Outcome] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return all(o.ok for o in self.outcomes)
 
 
 def _expected(meta: dict[str, Any], path: Path) -> tuple[str, str | None]:
@@ -132,8 +91,6 @@ def run_suite(root: Path, skill: str | None = None, out: Path | None = None,
                                   False, str(exc))
             report.outcomes.append(outcome)
         if with_tools:
-            from mbridge_perf.evals.tools import tool_outcome
-
             tool = tool_outcome(case, root)
             if tool is not None:
                 report.outcomes.append(tool)

@@ -12,8 +12,8 @@ from typing import Any
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.model import TrainingConfig
 from mbridge_perf.evals.answer import from_json
+from mbridge_perf.evals.cases import Case, Outcome, SuiteError
 from mbridge_perf.evals.grade import grade_case
-from mbridge_perf.evals.suite import Case, Outcome, SuiteError
 
 MAX_INPUT_BYTES = 2_000_000
 _SOURCE_KEYS = {"preset", "file", "bridge_config", "overrides", "perf_flags"}

@@ -265,13 +265,29 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mbridge-perf",
         description="Megatron Bridge training-performance skills and MCP tools.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_serve_parser(sub)
+    _add_config_parsers(sub)
+    _add_plan_parser(sub)
+    _add_diagnose_parser(sub)
+    _add_bench_parser(sub)
+    _add_pack_parsers(sub)
 
+    from mbridge_perf.evals.commands import add_parser as add_eval_parser
+
+    add_eval_parser(sub)
+    return parser
+
+
+def _add_serve_parser(sub: Subparsers) -> None:
     p = sub.add_parser("serve", help="run the MCP server (stdio by default)")
     p.add_argument("--http", action="store_true", help="serve streamable HTTP at /mcp instead")
     p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default loopback; "
@@ -282,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "$MBRIDGE_PERF_TOKEN)")
     p.set_defaults(func=_cmd_serve)
 
+
+def _add_config_parsers(sub: Subparsers) -> None:
+    """validate, estimate and recommend: one training config in, a verdict out."""
     p = sub.add_parser("validate", help="check a training config against the rule catalog",
                        description="Exit 0: no errors; 1: errors found; 2: unusable input.")
     _add_config_args(p)
@@ -312,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", help="GPU kind, e.g. H100, GB200 (default: cluster.gpu)")
     p.set_defaults(func=_cmd_recommend)
 
+
+def _add_plan_parser(sub: Subparsers) -> None:
     p = sub.add_parser("plan", help="ranked parallel layouts for a model on N GPUs",
                        description="Exit 0: a layout fits; 1: none fits; 2: unusable input.")
     _add_config_args(p)
@@ -330,6 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(repeatable; Bridge field names)")
     p.set_defaults(func=_cmd_plan)
 
+
+def _add_diagnose_parser(sub: Subparsers) -> None:
     p = sub.add_parser("diagnose", help="classify a CUDA OOM message or training log",
                        description="Reads the log's tail. Exit 0 unless the input is "
                                    "unusable (2).")
@@ -339,18 +362,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the JSON diagnosis")
     p.set_defaults(func=_cmd_diagnose)
 
+
+def _bench_cmd(bench: Subparsers, name: str, help_text: str) -> argparse.ArgumentParser:
+    """One `bench` action, with the options every action shares."""
+    q = bench.add_parser(name, help=help_text)
+    q.add_argument("--registry", help="run registry file (default: $MBRIDGE_PERF_REGISTRY "
+                                      "or the user data directory)")
+    q.add_argument("--json", action="store_true", help="print JSON")
+    q.set_defaults(func=_cmd_bench)
+    return q
+
+
+def _add_bench_parser(sub: Subparsers) -> None:
     p = sub.add_parser("bench", help="run and judge benchmarks (local or Slurm)")
     bench = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-
-    def bench_cmd(name: str, help_text: str) -> argparse.ArgumentParser:
-        q = bench.add_parser(name, help=help_text)
-        q.add_argument("--registry", help="run registry file (default: $MBRIDGE_PERF_REGISTRY "
-                                          "or the user data directory)")
-        q.add_argument("--json", action="store_true", help="print JSON")
-        q.set_defaults(func=_cmd_bench)
-        return q
-
-    q = bench_cmd("submit", "freeze the contract and render the job; --run submits it")
+    q = _bench_cmd(bench, "submit", "freeze the contract and render the job; --run submits it")
     _add_config_args(q, json_flag=False)
     q.add_argument("--profile", required=True,
                    help="cluster profile: a built-in (cpu-test) or a YAML file")
@@ -361,12 +387,25 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--label", choices=["training-equivalent", "benchmark-only"])
     q.add_argument("--recipe", help="Megatron Bridge recipe for run_recipe.py, e.g. "
                                     "llama3_8b_pretrain_config")
-    q = bench_cmd("status", "state and progress of a run")
+    q = _bench_cmd(bench, "status", "state and progress of a run")
     q.add_argument("run_id")
     q.add_argument("--wait", type=bounded(float, 0.0, 86_400.0), default=0.0,
                    help="poll up to this many seconds")
+    _add_bench_judge_parsers(bench)
+    q = _bench_cmd(bench, "cancel", "cancel a run this registry made")
+    q.add_argument("run_id")
+    q = _bench_cmd(bench, "compare", "A/B of two finished runs")
+    q.add_argument("run_a")
+    q.add_argument("run_b")
+    q = _bench_cmd(bench, "list", "recent runs")
+    q.add_argument("--state", help="only runs in this state")
+    q.add_argument("--limit", type=bounded(int, 1, 10_000), default=20)
+
+
+def _add_bench_judge_parsers(bench: Subparsers) -> None:
+    """`bench result` (a registered run) and `bench parse` (any log): judged the same way."""
     for name, text in (("result", "judge a finished run"), ("parse", "judge any training log")):
-        q = bench_cmd(name, text)
+        q = _bench_cmd(bench, name, text)
         if name == "result":
             q.add_argument("run_id")
         else:
@@ -381,15 +420,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="golden TFLOP/s/GPU to compare with (> 0)")
         q.add_argument("--regression-pct", type=bounded(float, 0.0, 100.0), default=5.0,
                        help="allowed drop below golden, 0-100 (default 5)")
-    q = bench_cmd("cancel", "cancel a run this registry made")
-    q.add_argument("run_id")
-    q = bench_cmd("compare", "A/B of two finished runs")
-    q.add_argument("run_a")
-    q.add_argument("run_b")
-    q = bench_cmd("list", "recent runs")
-    q.add_argument("--state", help="only runs in this state")
-    q.add_argument("--limit", type=bounded(int, 1, 10_000), default=20)
 
+
+def _add_pack_parsers(sub: Subparsers) -> None:
+    """presets and lint: the packaged presets and skill pack."""
     p = sub.add_parser("presets", help="list the model presets")
     p.add_argument("--json", action="store_true", help="print every preset as JSON")
     p.set_defaults(func=_cmd_presets)
@@ -399,11 +433,6 @@ def build_parser() -> argparse.ArgumentParser:
                                            "containing the current directory)")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing when clean")
     p.set_defaults(func=_cmd_lint)
-
-    from mbridge_perf.evals.commands import add_parser as add_eval_parser
-
-    add_eval_parser(sub)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,8 +1,9 @@
-"""Write the README's tool reference from the server's own tools/list (names, descriptions,
-input and output schemas, annotations), so the reference is never written twice by hand.
+"""Write the tool reference in docs/tools.md from the server's own tools/list (names,
+descriptions, input and output schemas, annotations), so the reference is never written twice
+by hand.
 
-    python scripts/gen_tool_reference.py          # rewrite README.md between the markers
-    python scripts/gen_tool_reference.py --check  # exit 1 if README.md is out of date
+    python scripts/gen_tool_reference.py          # rewrite docs/tools.md between the markers
+    python scripts/gen_tool_reference.py --check  # exit 1 if docs/tools.md is out of date
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from mcp import Client
 
 from mbridge_perf.server import build_server
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "tools.md"
 START, END = "<!-- tools:start -->", "<!-- tools:end -->"
 HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
 
@@ -73,18 +74,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
-    text = README.read_text(encoding="utf-8")
+    text = REFERENCE.read_text(encoding="utf-8")
     if START not in text or END not in text:
-        print(f"README.md has no {START} … {END} block", file=sys.stderr)
+        print(f"docs/tools.md has no {START} … {END} block", file=sys.stderr)
         return 1
     new = text.split(START)[0] + render(anyio.run(list_tools)) + text.split(END, 1)[1]
     if args.check:
         if new != text:
-            print("README.md tool reference is out of date: run scripts/gen_tool_reference.py",
+            print("docs/tools.md tool reference is out of date: run scripts/gen_tool_reference.py",
                   file=sys.stderr)
             return 1
         return 0
-    README.write_text(new, encoding="utf-8")
+    REFERENCE.write_text(new, encoding="utf-8")
     return 0
 
 

@@ -265,7 +265,8 @@ def test_pin_on_the_mcp_sdk_is_major_2() -> None:
     assert sys.version_info >= (3, 11)
 
 
-def test_readme_tool_reference_is_generated_from_tools_list() -> None:
+def test_docs_tool_reference_is_generated_from_tools_list() -> None:
+    """docs/tools.md's reference between the markers is the server's tools/list, rendered."""
     import subprocess
 
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gen_tool_reference.py"),
@@ -338,10 +339,10 @@ async def test_estimate_memory_bad_input_is_an_actionable_tool_error(
     assert field in text and words in text, text
 
 
-def test_readme_estimate_example_is_the_commands_real_output() -> None:
+def test_docs_estimate_example_is_the_commands_real_output() -> None:
     import subprocess
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "memory.md").read_text()
     block = text.split("<!-- estimate-example -->", 1)[1].split("```console\n", 1)[1]
     block = block.split("```", 1)[0]
     command, expected = block.split("\n", 1)

@@ -206,11 +206,11 @@ def test_cli_submit_is_a_dry_run_unless_asked(tmp_path: Path) -> None:
     assert unknown.returncode == 2 and "run_id:" in unknown.stderr
 
 
-def test_readme_profile_example_renders_a_batch_script() -> None:
+def test_docs_profile_example_renders_a_batch_script() -> None:
     from mbridge_perf.bench import service
     from mbridge_perf.config.load import load_config
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "benchmarks.md").read_text()
     block = text.split("# ~/.config/mbridge-perf/profiles/eos.yaml\n", 1)[1].split("```", 1)[0]
     profile = service.resolve_profile({"name": "eos", **yaml.safe_load(block)})
     cfg = load_config(preset="llama3-70b", flags=["-tp", "4", "-pp", "4", "-ng", "32",

@@ -215,8 +215,8 @@ def test_cli_reads_stdin_and_perf_flags_after_double_dash() -> None:
     assert "tp.heads-divisible" in proc.stdout or "world.dp-divisible" in proc.stdout
 
 
-def test_readme_config_example_is_a_valid_config() -> None:
-    text = (REPO / "README.md").read_text()
+def test_docs_config_example_is_a_valid_config() -> None:
+    text = (REPO / "docs" / "configs.md").read_text()
     block = text.split("A Bridge YAML, for example:", 1)[1].split("```yaml\n", 1)[1]
     cfg = load_config(text=block.split("```", 1)[0])
     report = validate(cfg)

@@ -190,7 +190,10 @@ def test_a_layout_that_fits_only_with_a_rung_says_which() -> None:
     plan = plan_parallelism(cfg, 1, "H100", 16384, 64, top_k=3)
     lay = plan.layouts[0]
     assert lay.fit == "with_rung"
-    assert "selective recompute_modules +=" in lay.rung and "optimizer CPU offload" in lay.rung
+    # the memory ladder's order (advise.ladder, shared with recommend_recompute): full recompute
+    # before optimizer offload below 32K, offload on top of it when full alone does not fit
+    assert "full recompute" in lay.rung and "optimizer CPU offload" in lay.rung
+    assert lay.rung.index("full recompute") < lay.rung.index("optimizer CPU offload")
     fixed = layout_config(cfg, plan, lay)
     assert validate(fixed).ok and estimate_memory(fixed).fits
     assert fixed.optimizer.optimizer_cpu_offload and fixed.optimizer.decoupled_weight_decay

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from math import lcm
 from typing import Any
 
+from mbridge_perf.config.derived import mesh_world
+from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.model import ModelSection
 
 # keys of PlanConstraints / the layout fields, Bridge names verbatim
@@ -35,10 +36,8 @@ def min_gpus(tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, etp: int | None
                     ("context_parallel_size", cp), ("expert_model_parallel_size", ep),
                     ("expert_tensor_parallel_size", etp if etp is not None else 1)):
         if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 1_048_576:
-            from mbridge_perf.config.errors import ConfigError
-
             raise ConfigError(name, f"must be a whole number from 1 to 1,048,576, got {v!r}")
-    return pp * lcm(tp * cp, ep * (tp if etp is None else etp))
+    return mesh_world(tp, pp, cp, ep, tp if etp is None else etp)
 
 
 def min_gpus_for(m: ModelSection, seq_length: int, *, tp: int = 1, pp: int = 1,
@@ -47,8 +46,6 @@ def min_gpus_for(m: ModelSection, seq_length: int, *, tp: int = 1, pp: int = 1,
     the long-context skill (seq_length / 4096 as a power of two) unless given, after the
     checks that make the family impossible at any size (experts over EP, seq over 2·CP, heads
     over TP)."""
-    from mbridge_perf.config.errors import ConfigError
-
     cp = cp_start(seq_length) if cp is None else cp
     experts = int(m.num_moe_experts or 0)
     if ep > 1 and (not experts or experts % ep):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mbridge_perf.config.model import TrainingConfig
-from mbridge_perf.rules.recompute import full_iteration_graph, graph_impl
+from mbridge_perf.config.semantics import full_iteration_graph, graph_impl
 
 if TYPE_CHECKING:
     from mbridge_perf.advise.oom import OOMDiagnosis

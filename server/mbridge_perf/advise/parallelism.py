@@ -44,7 +44,6 @@ from mbridge_perf.advise.layouts import (
     min_gpus,
 )
 from mbridge_perf.advise.pricing import (
-    LONG_CONTEXT,
     Counter,
     Priced,
     layout_changes,
@@ -57,6 +56,7 @@ from mbridge_perf.config.derived import resolve_precision
 from mbridge_perf.config.errors import ConfigError, type_problem
 from mbridge_perf.config.gpus import lookup_gpu
 from mbridge_perf.config.model import MAX_GPUS, TrainingConfig
+from mbridge_perf.config.semantics import LONG_CONTEXT
 from mbridge_perf.rules.validate import validate
 
 MAX_TOP_K = 50

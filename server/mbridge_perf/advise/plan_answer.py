@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from mbridge_perf.config.derived import resolve_precision
+from mbridge_perf.config.derived import Derived, resolve_precision
 from mbridge_perf.config.model import TrainingConfig
 
 if TYPE_CHECKING:
@@ -58,11 +58,11 @@ def _budget(plan: ParallelismPlan, best: PlannedLayout) -> str:
 
 
 def _recompute(cfg: TrainingConfig, best: PlannedLayout) -> str:
-    m = cfg.model
-    if m.recompute_granularity == "selective":
+    r = Derived(cfg).recompute
+    if r.granularity == "selective":
         now = (f'recompute_granularity="selective" with recompute_modules='
-               f"{list(m.recompute_modules or ['core_attn'])}")
-    elif m.recompute_granularity == "full":
+               f"{list(r.selective)}")
+    elif r.granularity == "full":
         now = 'recompute_granularity="full" (as set; selective recompute is cheaper)'
     else:
         now = "no recompute (as set)"

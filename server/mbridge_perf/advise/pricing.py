@@ -16,18 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mbridge_perf.advise.changes import apply_changes
+from mbridge_perf.advise.ladder import Rung, rescue_rungs
 from mbridge_perf.advise.layouts import Group, Skeleton
+from mbridge_perf.config.derived import Derived
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.model import TrainingConfig
-from mbridge_perf.memory import overheads as ov
-from mbridge_perf.memory.activations import attention_is_fused
 from mbridge_perf.memory.estimate import MemoryReport, estimate_memory
-from mbridge_perf.memory.params import layer_kinds
 from mbridge_perf.rules.validate import validate
-
-LONG_CONTEXT = 32768
-"""From here on (the long-context skill's 32K-256K range) full recompute is not offered as a
-way to fit: it recomputes attention, which dominates the step at long sequence."""
 
 
 @dataclass(slots=True)
@@ -44,15 +39,6 @@ class Priced:
     @property
     def fits(self) -> bool:
         return bool(self.report.fits)
-
-
-@dataclass(slots=True)
-class Rung:
-    """The first step of the rescue ladder that makes a layout fit."""
-
-    name: str  # allocator | selective | optimizer_offload | full
-    action: str
-    changes: dict[str, Any]
 
 
 @dataclass
@@ -148,66 +134,7 @@ def staircase(base: TrainingConfig, g: Group, start: int, count: Counter) -> tup
 
 
 # ---------------------------------------------------------------------------------------------
-# the rescue ladder (recommend_recompute's rung order without full recompute at long context)
-
-
-def _selective_order(cfg: TrainingConfig) -> list[str]:
-    """The skills' selective modules for this architecture, cheapest memory first."""
-    m = cfg.model
-    kinds = layer_kinds(m)
-    moe = any(k.mlp == "moe" for k in kinds)
-    # core_attn only with unfused attention, and never at long context (it repeats attention)
-    order = [] if attention_is_fused(cfg) or (m.seq_length or 0) >= LONG_CONTEXT else [
-        "core_attn"]
-    if any(k.mixer == "mla" for k in kinds):
-        order.append("mla_up_proj")
-    if moe and m.moe_grouped_gemm:
-        order.append("moe_act")
-    order.append("layernorm")
-    if any(k.mlp == "dense" for k in kinds):
-        order.append("mlp")
-    if moe:
-        order.append("moe")
-    return order
-
-
-def rescue_steps(cfg: TrainingConfig) -> list[Rung]:
-    """Rungs to try on a layout that does not fit, each a change on top of the rungs kept
-    before it: the allocator setting, the selective modules one by one, optimizer CPU offload
-    0.25..1.0, then full recompute - the last only below LONG_CONTEXT (the long-context skill:
-    selective before full; attention recompute at long sequence costs far more than it saves).
-    """
-    m = cfg.model
-    steps: list[Rung] = []
-    if not ov.expandable_segments(cfg.env) and not cfg.ddp.nccl_ub:
-        conf = cfg.env.get("PYTORCH_CUDA_ALLOC_CONF", "")
-        steps.append(Rung("allocator", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
-                          {"env.PYTORCH_CUDA_ALLOC_CONF": f"{conf},expandable_segments:True"
-                           if conf else "expandable_segments:True"}))
-    if m.recompute_granularity != "full":
-        have = list(m.recompute_modules or ["core_attn"]) if \
-            m.recompute_granularity == "selective" else []
-        for mod in _selective_order(cfg):
-            if mod not in have:
-                steps.append(Rung("selective", f"add {mod} to recompute_modules (selective)",
-                                  {"model.recompute_granularity": "selective",
-                                   "model.recompute_modules": [mod]}))
-    o = cfg.optimizer
-    if o.use_distributed_optimizer:
-        for frac in (0.25, 0.5, 0.75, 1.0):
-            if o.optimizer_cpu_offload and frac <= o.optimizer_offload_fraction:
-                continue
-            steps.append(Rung("optimizer_offload", "optimizer CPU offload, "
-                              f"optimizer_offload_fraction={frac:g}",
-                              {"optimizer.optimizer_cpu_offload": True,
-                               "optimizer.optimizer_offload_fraction": frac,
-                               "optimizer.decoupled_weight_decay": True}))
-    if (m.seq_length or 0) < LONG_CONTEXT and m.recompute_granularity != "full":
-        steps.append(Rung("full", "full recompute (uniform, recompute_num_layers=1)",
-                          {"model.recompute_granularity": "full",
-                           "model.recompute_method": "uniform",
-                           "model.recompute_num_layers": 1, "model.recompute_modules": None}))
-    return steps
+# the rescue: the memory ladder (advise.ladder), walked until a layout fits
 
 
 def _errors(cfg: TrainingConfig) -> set[str]:
@@ -220,9 +147,9 @@ def rescue(p: Priced, count: Counter) -> Priced | None:
     kept for the next. Full recompute replaces the selective modules and offload before it."""
     known = _errors(p.cfg)
     kept: dict[str, Any] = {}
-    mods = list(p.cfg.model.recompute_modules or ["core_attn"]) if \
-        p.cfg.model.recompute_granularity == "selective" else []
-    for step in rescue_steps(p.cfg):
+    mods = list(Derived(p.cfg).recompute.selective)
+    d = Derived(p.cfg)
+    for step in rescue_rungs(p.cfg, d, long_context=d.long_context):
         delta = dict(step.changes)
         if step.name == "selective":
             delta["model.recompute_modules"] = [*mods, *delta["model.recompute_modules"]]
@@ -253,8 +180,7 @@ def describe(cfg: TrainingConfig, changes: dict[str, Any]) -> str:
     if changes.get("model.recompute_granularity") == "full":
         out.append('full recompute (recompute_method="uniform", recompute_num_layers=1)')
     elif "model.recompute_modules" in changes:
-        had = set(cfg.model.recompute_modules or []) if \
-            cfg.model.recompute_granularity == "selective" else set()
+        had = set(Derived(cfg).recompute.selective)
         added = [x for x in changes["model.recompute_modules"] if x not in had]
         out.append(f"selective recompute_modules += {added}")
     if changes.get("optimizer.optimizer_cpu_offload"):

@@ -26,13 +26,19 @@ from mbridge_perf.advise.costs import (
     measured_saving,
     module_cost,
 )
+from mbridge_perf.advise.ladder import (
+    OFFLOAD_FRACTIONS,
+    allocator_changes,
+    full_changes,
+    graph_fix,
+    offload_changes,
+    selective_changes,
+)
+from mbridge_perf.config.derived import Derived
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.model import TrainingConfig
 from mbridge_perf.memory import overheads as ov
-from mbridge_perf.memory.activations import attention_is_fused
 from mbridge_perf.memory.estimate import MemoryReport, estimate_memory
-from mbridge_perf.memory.params import layer_kinds
-from mbridge_perf.rules.recompute import full_iteration_graph, graph_impl
 from mbridge_perf.rules.validate import validate
 
 MEMORY = "nemo-mbridge-perf-memory-tuning"
@@ -105,6 +111,7 @@ class _Priced:
 @dataclass
 class _Ladder:
     user: TrainingConfig
+    d: Derived
     budget: float
     gpu: str | None
     base: _Priced
@@ -182,13 +189,8 @@ def _allocator(lad: _Ladder) -> None:
                            "user buffers (ddp.nccl_ub=true; env.expandable-vs-nccl-ub); "
                            "drop nccl_ub first if fragmentation is the problem")
         return
-    conf = cfg.env.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    changes: dict[str, Any] = {"env.PYTORCH_CUDA_ALLOC_CONF":
-                               f"{conf},expandable_segments:True" if conf else
-                               "expandable_segments:True"}
-    graphs = graph_impl(cfg.model) != "none"
-    if graphs:
-        changes["env.NCCL_GRAPH_REGISTER"] = "0"
+    changes = allocator_changes(cfg, lad.d)
+    graphs = lad.d.graphs.on
     priced, why = _try(lad, None, changes)
     if priced is None:
         lad.skipped.append(f"allocator: {why}")
@@ -235,52 +237,28 @@ def _distributed_optimizer(lad: _Ladder) -> None:
 
 
 def _selective_order(lad: _Ladder) -> list[str]:
-    """Modules in the skills' order for this architecture."""
-    cfg = lad.user
-    m = cfg.model
-    kinds = layer_kinds(m)
-    mla = any(k.mixer == "mla" for k in kinds)
-    moe = any(k.mlp == "moe" for k in kinds)
-    order = [] if attention_is_fused(cfg) else ["core_attn"]
-    firsts = []
-    if mla:
-        firsts.append("mla_up_proj")
-    if moe and m.moe_grouped_gemm:
-        firsts.append("moe_act")
+    """The ladder's modules for this architecture; where both MLA's and the experts' cheap
+    modules apply, the one that saves more per percent of step time goes first."""
+    order = lad.d.selective_order(long_context=lad.d.long_context)
+    firsts = [x for x in order if x in ("mla_up_proj", "moe_act")]
     if len(firsts) == 2:
+        start = order.index(firsts[0])
         firsts.sort(key=lambda mod: -_saving_per_cost(lad, mod))
-    order += [*firsts, "layernorm"]
-    if any(k.mlp == "dense" for k in kinds):
-        order.append("mlp")
-    if moe and m.moe_shared_expert_intermediate_size:
-        order.append("shared_experts")
-    if moe:
-        order.append("moe")
+        order[start:start + 2] = firsts
     return order
 
 
 def _saving_per_cost(lad: _Ladder, module: str) -> float:
     base = lad.at(lad.last())
     mods = _modules(base.cfg)
-    priced, _ = _try(lad, lad.last(), _selective_changes(base.cfg, [*mods, module]))
+    priced, _ = _try(lad, lad.last(), selective_changes(base.cfg, [*mods, module]))
     saving = 0.0 if priced is None else base.peak - priced.peak
     pct = module_cost(lad.user, module).pct or 0.0
     return saving / max(pct, 0.5)
 
 
 def _modules(cfg: TrainingConfig) -> list[str]:
-    m = cfg.model
-    if m.recompute_granularity != "selective":
-        return []
-    return ["core_attn"] if m.recompute_modules is None else list(m.recompute_modules)
-
-
-def _selective_changes(cfg: TrainingConfig, mods: list[str]) -> dict[str, Any]:
-    changes: dict[str, Any] = {}
-    if cfg.model.recompute_granularity != "selective":
-        changes["model.recompute_granularity"] = "selective"
-    changes["model.recompute_modules"] = mods
-    return changes
+    return list(Derived(cfg).recompute.selective)
 
 
 _WHY = {
@@ -303,7 +281,7 @@ _WHY = {
 
 def _selective(lad: _Ladder) -> None:
     cfg = lad.user
-    fused = attention_is_fused(cfg)
+    fused = lad.d.fused_attention
     if fused:
         have = "core_attn" in _modules(cfg)
         lad.notes.append(
@@ -321,7 +299,7 @@ def _selective(lad: _Ladder) -> None:
         dropped = fused and "core_attn" in mods
         if dropped:
             mods = [x for x in mods if x != "core_attn"]
-        changes = _selective_changes(base.cfg, [*mods, module])
+        changes = selective_changes(base.cfg, [*mods, module])
         priced, why = _try(lad, on, changes)
         if priced is None:
             lad.skipped.append(f"selective {module}: {why}")
@@ -367,18 +345,9 @@ def _without_module(lad: _Ladder, on: int | None, mods: list[str]) -> float:
         changes: dict[str, Any] = {"model.recompute_granularity": None,
                                    "model.recompute_modules": None}
     else:
-        changes = _selective_changes(base.cfg, mods)
+        changes = selective_changes(base.cfg, mods)
     ref, _ = _try(lad, on, changes)
     return base.peak if ref is None else ref.peak
-
-
-def _graph_fix(cfg: TrainingConfig) -> dict[str, Any]:
-    """Full recompute asserts with any per-layer CUDA graph: turn graphs off (the listed
-    alternative to a full-iteration graph)."""
-    m = cfg.model
-    if graph_impl(m) == "none" or full_iteration_graph(m):
-        return {}
-    return {"model.cuda_graph_impl": "none"}
 
 
 def _full(lad: _Ladder) -> None:
@@ -386,11 +355,11 @@ def _full(lad: _Ladder) -> None:
     base = lad.at(on)
     m = base.cfg.model
     chunk = max((len(c.layers) for c in _chunks(base.cfg)), default=1)
-    graph = _graph_fix(base.cfg)
+    based = Derived(base.cfg)
+    graph = graph_fix(based)
     tried: tuple[_Priced, dict[str, Any], int, str] | None = None
     for method, n in [("block", k) for k in range(1, chunk + 1)] + [("uniform", 1)]:
-        changes = {"model.recompute_granularity": "full", "model.recompute_method": method,
-                   "model.recompute_num_layers": n, **graph}
+        changes = full_changes(based, method, n)
         priced, why = _try(lad, on, changes)
         if priced is None:
             lad.skipped.append(f"full recompute: {why}")
@@ -437,8 +406,7 @@ def _optimizer_offload(lad: _Ladder) -> None:
                            "(optimizer.use_distributed_optimizer=true)")
         return
     got = _smallest_fitting(lad, on, "optimizer CPU offload", (
-        {"optimizer.optimizer_cpu_offload": True, "optimizer.optimizer_offload_fraction": frac}
-        for frac in (0.25, 0.5, 0.75, 1.0)))
+        offload_changes(frac) for frac in OFFLOAD_FRACTIONS))
     if got is None:
         return
     priced, changes = got
@@ -477,14 +445,14 @@ def _activation_offload(lad: _Ladder) -> None:
                            "pipeline_model_parallel_size=1 (offload.cpu-needs-pp1); this "
                            f"config has PP={m.pipeline_model_parallel_size}")
         return
-    if graph_impl(m) != "none" and not full_iteration_graph(m):
+    if Derived(cfg).graphs.per_layer:
         lad.skipped.append("layer CPU activation offload: CUDA graphs other than full_iteration "
                            "(offload.cpu-excludes-cuda-graphs)")
         return
     got = _smallest_fitting(lad, on, "layer CPU activation offload", (
         {"model.recompute_granularity": None, "model.cpu_offloading": True,
          "model.cpu_offloading_num_layers": k, "model.cpu_offloading_activations": True}
-        for k in range(1, len(layer_kinds(m)))))
+        for k in range(1, len(Derived(cfg).layer_kinds))))
     if got is None:
         return
     priced, changes = got
@@ -529,7 +497,7 @@ def recommend_recompute(cfg: TrainingConfig, target_gib: float | None = None, *,
     base = _price(cfg, gpu)
     budget, source = _budget(base.report, target_gib)
     errors = [f for f in validate(cfg).findings if f.severity == "error"]
-    lad = _Ladder(user=cfg, budget=budget, gpu=gpu, base=base,
+    lad = _Ladder(user=cfg, d=Derived(cfg), budget=budget, gpu=gpu, base=base,
                   base_errors=frozenset(f.rule_id for f in errors))
     for rung in (_allocator, _distributed_optimizer, _selective, _full, _optimizer_offload,
                  _activation_offload):

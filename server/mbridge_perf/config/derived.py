@@ -1,5 +1,8 @@
-"""Values computed from a TrainingConfig, never stored in it: data-parallel sizes, microbatches,
-effective precision and where each layer lives in the pipeline.
+"""The resolved view of a TrainingConfig (``Derived``), built once and read by every room: parallel
+sizes and where the world size came from, micro-batches, effective precision, where each layer
+lives in the pipeline, the GPU, and Megatron-Core's reading of recompute, CUDA graphs, fused
+attention and the dispatcher (config.semantics). Values are computed, never stored in the
+config.
 
 Everything returns ``None`` where the inputs do not determine a value (no world size given, a
 size that does not divide): the rules report why, these functions only compute.
@@ -10,7 +13,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
+from math import lcm
 
+from mbridge_perf.config import semantics as sem
+from mbridge_perf.config.errors import ConfigError
+from mbridge_perf.config.gpus import GPUSpec, lookup_gpu
+from mbridge_perf.config.layers import LayerKind, layer_kinds
 from mbridge_perf.config.mcore import McoreFacts, mcore_facts
 from mbridge_perf.config.model import ModelSection, TrainingConfig
 
@@ -237,6 +245,12 @@ def layers_per_chunk(m: ModelSection) -> list[list[int]] | None:
     return out
 
 
+def mesh_world(tp: int, pp: int, cp: int, ep: int, etp: int) -> int:
+    """Smallest world both meshes divide: PP·lcm(TP·CP, EP·ETP), which is the published
+    PP·max(TP·CP, EP·ETP) for power-of-two sizes, never the product of every size."""
+    return pp * lcm(tp * cp, ep * etp)
+
+
 @dataclass(frozen=True)
 class Derived:
     """Parallel sizes and batch arithmetic (Megatron's "parallel folding": the expert mesh
@@ -289,11 +303,7 @@ class Derived:
 
     @property
     def min_gpus(self) -> int:
-        """Smallest world both meshes divide: PP·lcm(TP·CP, EP·ETP), which is the published
-        PP·max(TP·CP, EP·ETP) for power-of-two sizes, never the product of every size."""
-        from math import lcm
-
-        return lcm(self.model_parallel_size, self.expert_model_parallel_size)
+        return mesh_world(self.tp, self.pp, self.cp, self.ep, self.etp)
 
     @property
     def dp(self) -> int | None:
@@ -353,6 +363,67 @@ class Derived:
     @cached_property
     def precision(self) -> Precision:
         return resolve_precision(self.cfg)
+
+    @property
+    def half_precision(self) -> bool:
+        p = self.precision
+        return p.bf16 or p.fp16
+
+    @property
+    def world_source(self) -> str | None:
+        """Where the world size came from: the config's cluster.num_gpus, the data-parallel
+        size a Bridge dump records, or nowhere (None)."""
+        if self.world_size is None:
+            return None
+        return "implied by the dump" if self.world_from_dump else "cluster.num_gpus"
+
+    @cached_property
+    def gpu(self) -> GPUSpec | None:
+        """The catalog entry for cluster.gpu; None when unset or not in the catalog (the
+        estimator reports an unknown name, the rules skip GPU-specific checks)."""
+        try:
+            return lookup_gpu(self.cfg.cluster.gpu) if self.cfg.cluster.gpu else None
+        except ValueError:
+            return None
+
+    # --- Megatron-Core's reading of the model (config.semantics) ---
+
+    @cached_property
+    def layer_kinds(self) -> tuple[LayerKind, ...]:
+        """Mixer and MLP per decoder layer; () when the layer pattern does not read (the
+        rules and the estimator report why)."""
+        try:
+            return layer_kinds(self.cfg.model)
+        except (ValueError, ConfigError):
+            return ()
+
+    @cached_property
+    def recompute(self) -> sem.Recompute:
+        return sem.recompute(self.cfg.model)
+
+    @cached_property
+    def graphs(self) -> sem.Graphs:
+        return sem.graphs(self.cfg.model)
+
+    @cached_property
+    def fused_attention(self) -> bool:
+        return sem.fused_attention(self.cfg.model, self.half_precision)
+
+    @property
+    def dispatcher(self) -> str:
+        return str(self.cfg.model.moe_token_dispatcher_type)
+
+    @property
+    def long_context(self) -> bool:
+        return (self.cfg.model.seq_length or 0) >= sem.LONG_CONTEXT
+
+    def first_selective_modules(self, *, long_context: bool = False) -> list[str]:
+        return sem.first_selective_modules(self.cfg.model, self.layer_kinds,
+                                           self.half_precision, long_context=long_context)
+
+    def selective_order(self, *, long_context: bool = False) -> list[str]:
+        return sem.selective_order(self.cfg.model, self.layer_kinds, self.half_precision,
+                                   long_context=long_context)
 
     def as_dict(self) -> dict[str, object]:
         """The values a report shows the user."""

@@ -35,8 +35,8 @@ class Allowlist:
 @cache
 def allowlist() -> Allowlist:
     from mbridge_perf.config.flags import flag_names
+    from mbridge_perf.config.semantics import GRAPH_IMPLS, RECOMPUTE_LABELS
     from mbridge_perf.rules.cudagraph import GRAPH_MODULE_NAMES
-    from mbridge_perf.rules.recompute import GRAPH_IMPLS, RECOMPUTE_LABELS
 
     text = resources.files("mbridge_perf.config").joinpath("known_fields.json").read_text(
         encoding="utf-8")

@@ -37,8 +37,9 @@ from pydantic import BaseModel, ConfigDict
 
 from mbridge_perf.config.derived import Precision, resolve_precision
 from mbridge_perf.config.errors import ConfigError
+from mbridge_perf.config.layers import opt_int
 from mbridge_perf.config.model import ModelSection, TrainingConfig
-from mbridge_perf.memory.params import opt_int
+from mbridge_perf.config.semantics import fused_attention, recompute
 
 # Bytes per element a Transformer Engine FP8 linear keeps of its input for the weight gradient:
 # one FP8 copy (the transposed / column-wise one on Hopper; MXFP8 adds one E8M0 scale per 32
@@ -140,16 +141,6 @@ def _need(m: ModelSection, name: str, what: str) -> int:
     return int(value)
 
 
-def attention_is_fused(cfg: TrainingConfig, precision: Precision | None = None) -> bool:
-    """Whether attention runs in a fused / flash kernel (no s^2 tensors saved)."""
-    m = cfg.model
-    backend = str(getattr(m.attention_backend, "name", m.attention_backend)).rsplit(".", 1)[-1]
-    if m.transformer_impl == "local" or backend in ("unfused", "local"):
-        return False
-    p = precision or resolve_precision(cfg)
-    return bool(p.bf16 or p.fp16)  # TE falls back to unfused attention in fp32
-
-
 def context(cfg: TrainingConfig, *, imbalance: float = 1.0, precision: Precision | None = None,
             shape_kinds: tuple[tuple[str, str], ...] | None = None) -> ActContext:
     """Resolve the per-layer activation inputs of a config (ConfigError when a size is
@@ -169,7 +160,7 @@ def context(cfg: TrainingConfig, *, imbalance: float = 1.0, precision: Precision
     s = max(1, seq // cp)
     b = cfg.train.micro_batch_size
     te = m.transformer_impl != "local"
-    fused_attn = attention_is_fused(cfg, p)
+    fused_attn = fused_attention(m, p.bf16 or p.fp16)
     softmax_fused = _flag(m, "masked_softmax_fusion", te)
     if te and s > TE_FUSED_SOFTMAX_MAX_SEQ:
         softmax_fused = False
@@ -177,16 +168,11 @@ def context(cfg: TrainingConfig, *, imbalance: float = 1.0, precision: Precision
         _flag(m, "apply_query_key_layer_scaling", False))
     e = 2 if (p.bf16 or p.fp16) else 4
     softmax_bytes = 4 if (fp32_softmax and not softmax_fused) else e
-    gran = m.recompute_granularity
-    modules = ["core_attn"] if m.recompute_modules is None else list(m.recompute_modules)
-    selective: frozenset[str] = frozenset()
-    if gran == "selective":
-        selective = frozenset(modules)
-    if m.moe_layer_recompute and gran != "full":
-        selective = selective | {"moe"}
+    r = recompute(m)
+    selective = frozenset(r.selective)
     full = None
-    if gran == "full":
-        full = m.recompute_method or "uniform"
+    if r.granularity == "full":
+        full = r.method or "uniform"
     fp8_bytes = 0.0
     if te and p.fp8:
         fp8_bytes = FP8_SAVED_INPUT_BYTES.get(str(p.fp8_recipe), 1.0)
@@ -448,7 +434,7 @@ def layer_activation_bytes(cfg: TrainingConfig, layer_index: int, *,
     for ``transformer_impl="local"`` (all False, softmax in FP32) and the Megatron-LM / Bridge
     GPU defaults for Transformer Engine (fused).
     """
-    from mbridge_perf.memory.params import layer_kinds
+    from mbridge_perf.config.layers import layer_kinds
     from mbridge_perf.memory.placement import placement
 
     m = cfg.model

@@ -6,8 +6,10 @@ offload as a memory fix)."""
 
 from __future__ import annotations
 
+from mbridge_perf.config.derived import Derived
 from mbridge_perf.config.model import TrainingConfig
-from mbridge_perf.memory.estimate import MemoryReport, StageMemory
+from mbridge_perf.memory.estimate import MemoryReport, StageMemory, estimate_memory
+from mbridge_perf.memory.overheads import expandable_segments
 
 _SIZES = {"tensor": "TP", "pipeline": "PP", "virtual_pipeline": "VPP", "context": "CP",
           "expert": "EP", "expert_tensor": "ETP", "data": "DP"}
@@ -35,17 +37,11 @@ def _verdict(r: MemoryReport) -> str:
 
 
 def _selective_step(cfg: TrainingConfig) -> str:
-    from mbridge_perf.rules.recompute import (
-        first_selective_modules,
-        fused_attention,
-        recompute_modules,
-    )
-
-    m = cfg.model
-    fused = fused_attention(m)
-    now = recompute_modules(m) if m.recompute_granularity == "selective" else []
+    d = Derived(cfg)
+    fused = d.fused_attention
+    now = list(d.recompute.selective)
     kept = [x for x in now if not (fused and x == "core_attn")]
-    mods = list(dict.fromkeys([*kept, *first_selective_modules(m)]))
+    mods = list(dict.fromkeys([*kept, *d.first_selective_modules()]))
     why = (" (core_attn frees about 0 under Transformer Engine fused / flash attention)"
            if fused else "")
     if now and mods == now:
@@ -56,8 +52,6 @@ def _selective_step(cfg: TrainingConfig) -> str:
 
 
 def _levers(r: MemoryReport, cfg: TrainingConfig) -> list[str]:
-    from mbridge_perf.memory.overheads import expandable_segments
-
     steps = []
     if not expandable_segments(cfg.env):
         steps.append("Export `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the job "
@@ -112,7 +106,5 @@ def memory_markdown(r: MemoryReport, cfg: TrainingConfig) -> str:
 def estimate_with_answer(cfg: TrainingConfig, *, gpu: str | None = None,
                          imbalance: float = 1.0) -> MemoryReport:
     """estimate_memory plus its answer_markdown (what the MCP tool and the eval grader use)."""
-    from mbridge_perf.memory.estimate import estimate_memory
-
     report = estimate_memory(cfg, gpu=gpu, imbalance=imbalance)
     return report.model_copy(update={"answer_markdown": memory_markdown(report, cfg)})

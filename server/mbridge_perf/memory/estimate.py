@@ -27,9 +27,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 
-from mbridge_perf.config.derived import Derived, resolve_precision
+from mbridge_perf.config.derived import Derived
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.gpus import lookup_gpu
+from mbridge_perf.config.layers import opt_int
 from mbridge_perf.config.model import TrainingConfig
 from mbridge_perf.memory import overheads as ov
 from mbridge_perf.memory.activations import (
@@ -40,11 +41,11 @@ from mbridge_perf.memory.activations import (
 )
 from mbridge_perf.memory.graphs import (
     SHARED_GRAD_OUTPUTS,
+    graph_pool_gib,
     graphed,
     static_input_bytes,
-    te_graph_scopes,
 )
-from mbridge_perf.memory.params import opt_int, padded_vocab_size
+from mbridge_perf.memory.params import padded_vocab_size
 from mbridge_perf.memory.pipeline import in_flight
 from mbridge_perf.memory.placement import Placement, placement
 from mbridge_perf.memory.state import Shape, model_shape, state_rates
@@ -548,6 +549,7 @@ class _Setup:
     shape, placement, activation context, parallel sizes, state rates and the layout plan."""
 
     cfg: TrainingConfig
+    d: Derived
     p: Any
     gpu_name: str | None
     capacity: float | None
@@ -594,13 +596,14 @@ class _Terms:
     offload_layers: int
 
 
-def _expert_dp(cfg: TrainingConfig, world: int, ex_size: int, assumptions: list[str]) -> int:
+def _expert_dp(d: Derived, world: int, assumptions: list[str]) -> int:
     """Expert DP = world / (ETP·EP·PP). A world the user gave must hold the expert mesh; one a
     Bridge dump only implies (comm_overlap.data_parallel_size x TP·PP·CP) is what the recipe
     was written for, not what it must launch on, so it is sized anyway and said so."""
+    ex_size = d.expert_model_parallel_size
     if world % ex_size == 0:
         return world // ex_size
-    if not Derived(cfg).world_from_dump:
+    if not d.world_from_dump:
         raise ConfigError("cluster.num_gpus", f"{world} GPUs do not divide by ETP x EP x PP = "
                                               f"{ex_size}; use a multiple")
     edp = max(world // ex_size, 1)
@@ -611,29 +614,23 @@ def _expert_dp(cfg: TrainingConfig, world: int, ex_size: int, assumptions: list[
     return edp
 
 
-def _sizes(cfg: TrainingConfig, assumptions: list[str]) -> tuple[Any, ...]:
-    """Derived's parallel sizes, read once from the model: (TP, PP, CP, EP, ETP, world, MoE?,
-    DP, expert DP, micro-batches per step or None)."""
-    m = cfg.model
-    tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
-    cp, ep = m.context_parallel_size, m.expert_model_parallel_size
-    etp = m.expert_tensor_parallel_size or tp
-    world = cfg.cluster.num_gpus
-    is_moe = m.num_moe_experts is not None and m.num_moe_experts > 0
+def _sizes(d: Derived, assumptions: list[str]) -> tuple[int, int, int | None]:
+    """DP, expert DP and micro-batches per step (None: not determined) from the resolved
+    view, where the estimator needs them whole: a world both meshes divide (else sized from
+    the smallest world, said so) and a global batch the data-parallel micro-batches divide."""
+    world, cfg = d.world_size, d.cfg
     if world is None:
         dp = edp = 1
         assumptions.append("cluster.num_gpus not given: assumed the smallest world for this "
-                           f"layout ({Derived(cfg).min_gpus} GPUs), so DP = 1 and nothing is "
+                           f"layout ({d.min_gpus} GPUs), so DP = 1 and nothing is "
                            "sharded by the distributed optimizer")
     else:
-        mp_size = tp * pp * cp
+        mp_size = d.model_parallel_size
         if world % mp_size:
             raise ConfigError("cluster.num_gpus", f"{world} GPUs do not divide by TP x PP x CP "
                                                   f"= {mp_size}; use a multiple")
         dp = world // mp_size
-        edp = 1
-        if is_moe:
-            edp = _expert_dp(cfg, world, etp * ep * pp, assumptions)
+        edp = _expert_dp(d, world, assumptions) if d.is_moe else 1
     mbs = None
     gbs = cfg.train.global_batch_size
     if gbs is not None and world is not None:
@@ -646,7 +643,7 @@ def _sizes(cfg: TrainingConfig, assumptions: list[str]) -> tuple[Any, ...]:
     else:
         assumptions.append("train.global_batch_size or cluster.num_gpus not given: assumed "
                            "enough micro-batches to fill the pipeline")
-    return tp, pp, cp, ep, etp, world, is_moe, dp, edp, mbs
+    return dp, edp, mbs
 
 
 def _resolve(cfg: TrainingConfig, gpu: str | None, imbalance: float) -> _Setup:
@@ -654,14 +651,16 @@ def _resolve(cfg: TrainingConfig, gpu: str | None, imbalance: float) -> _Setup:
     _require(cfg)
     m = cfg.model
     extras = m.__pydantic_extra__ or {}
-    p = resolve_precision(cfg)
+    d = Derived(cfg)
+    p = d.precision
     gpu_name, capacity, arch = _gpu(cfg, gpu)
     shape = model_shape(m)
     place = placement(m)
     c = context(cfg, imbalance=imbalance, precision=p, shape_kinds=shape.kinds)
     assumptions: list[str] = []
     vpp = len(place[0])
-    tp, pp, cp, ep, etp, world, is_moe, dp, edp, mbs = _sizes(cfg, assumptions)
+    tp, pp, cp, ep, etp = d.tp, d.pp, d.cp, d.ep, d.etp
+    dp, edp, mbs = _sizes(d, assumptions)
     rates = state_rates(cfg, p, dp, edp)
     vocab_rows = int(m.vocab_size or 0)
     if extras.get("should_pad_vocab", True) is not False:
@@ -676,9 +675,9 @@ def _resolve(cfg: TrainingConfig, gpu: str | None, imbalance: float) -> _Setup:
     plans = _plan(shape, place, tp, ep * etp, vocab_rows, bf16_lo, bf16_hi, c.full, c.full_n,
                   fp8_on)
     # full recompute with per-layer graphs is rejected by Megatron-Core: priced eager
-    graphs = te_graph_scopes(m) if c.full is None else None
-    return _Setup(cfg, p, gpu_name, capacity, arch, shape, place, c, tp, pp, cp, ep, etp, vpp,
-                  world, is_moe, dp, edp, mbs, rates, vocab_rows, kinds, fp8_on, bf16_lo,
+    graphs = d.graphs.te_scopes if c.full is None else None
+    return _Setup(cfg, d, p, gpu_name, capacity, arch, shape, place, c, tp, pp, cp, ep, etp, vpp,
+                  d.world_size, d.is_moe, dp, edp, mbs, rates, vocab_rows, kinds, fp8_on, bf16_lo,
                   bf16_hi, plans, assumptions, graphs)
 
 
@@ -901,7 +900,7 @@ def _fit(s: _Setup, stages: list[StageMemory], most: int, peak_gib: float,
     context_c = ov.cuda_context(s.arch)
     nccl = ov.nccl_bytes(tp=s.tp, cp=s.cp, dp=s.dp, pp=s.pp, ep=s.ep, edp=s.edp,
                          alltoall=m.moe_token_dispatcher_type != "allgather")
-    graph = _graph_pool(cfg, stages[most])
+    graph = graph_pool_gib(s.d.graphs, stages[most].activations_gib)
     over_total = context_c.value + nccl / GIB + graph
     fits = fits_frag = headroom = None
     capacity = s.capacity
@@ -942,7 +941,7 @@ def _config_notes(s: _Setup, f: _Fit) -> tuple[tuple[str, ...], tuple[str, ...],
         w: list[str] = []
         a: list[str] = []
         nm: list[str] = []
-        _notes(cfg, Derived(cfg), c, shape, f.expandable, f.band_source, f.context_c, w, a, nm)
+        _notes(cfg, s.d, c, shape, f.expandable, f.band_source, f.context_c, w, a, nm)
         if s.graphs is not None:
             a.append("per-layer Transformer Engine CUDA graphs ("
                      + (", ".join(s.graphs) or "whole layers") + "): the peak is the larger of "
@@ -1005,35 +1004,6 @@ def estimate_memory(cfg: TrainingConfig, *, gpu: str | None = None,
                         "expert_data": s.edp if s.is_moe else None,
                         "num_microbatches": s.mbs},
         "warnings": warnings, "assumptions": assumptions, "not_modeled": not_modeled})
-
-
-def _graph_pool(cfg: TrainingConfig, stage: StageMemory) -> float:
-    """CUDA-graph private pool (GiB): graphed activations of the micro-batches in flight live in
-    a pool nothing else can reuse."""
-    m = cfg.model
-    if m.cuda_graph_impl == "none" and not m.enable_cuda_graph and not m.external_cuda_graph:
-        return 0.0
-    from mbridge_perf.rules.recompute import full_iteration_graph, graph_impl, graph_modules
-
-    impl = graph_impl(m)
-    if impl == "none":
-        return 0.0
-    if full_iteration_graph(m):
-        share = 1.0
-    else:
-        mods = set(graph_modules(m))
-        if not mods or (impl == "local" and mods <= {"full"}):
-            share = 1.0
-        else:
-            share = 0.0
-            if "attn" in mods:
-                share += 0.4
-            if "mlp" in mods or "moe" in mods:
-                share += 0.5
-            if mods & {"moe_router", "moe_preprocess"}:
-                share += 0.1
-            share = min(share, 1.0)
-    return ov.CUDA_GRAPH_FIXED.value + share * stage.activations_gib
 
 
 def _notes(cfg: TrainingConfig, d: Derived, c: ActContext, shape: Shape, expandable: bool,

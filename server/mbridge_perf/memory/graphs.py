@@ -25,7 +25,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from mbridge_perf.config.model import ModelSection
+from mbridge_perf.config.semantics import Graphs
+from mbridge_perf.memory import overheads as ov
 
 # What stays allocated once the graphs replay, as Megatron-Core 0.16.0 and later capture them
 # (core_v0.16.1 and core_v0.19.x megatron/core/transformer/cuda_graphs.py, identical here;
@@ -74,41 +75,6 @@ _MOE = frozenset({"mlp_norm", "mlp_input", "router", "moe_dispatched", "moe_fc1_
 _ROUTER = frozenset({"mlp_norm", "mlp_input", "router"})
 
 
-def te_graph_scopes(m: ModelSection) -> tuple[str, ...] | None:
-    """The per-layer TE graph modules in effect (``()`` = whole layers), or None when layers
-    are not graphed by Transformer Engine (graphs off, ``local`` or full-iteration graphs)."""
-    if m.cuda_graph_impl == "none" and not m.enable_cuda_graph and not m.external_cuda_graph:
-        return None
-    key = (m.cuda_graph_impl, m.enable_cuda_graph, m.external_cuda_graph,
-           _hashable(m.cuda_graph_modules), _hashable(m.cuda_graph_scope))
-    try:
-        return _scopes(*key)
-    except TypeError:  # an unhashable spelling (a mapping): read it without the cache
-        return _scopes.__wrapped__(*key)
-
-
-def _hashable(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
-
-
-@lru_cache(maxsize=256)
-def _scopes(impl: str, enable: bool, external: bool, modules: Any,
-            scope: Any) -> tuple[str, ...] | None:
-    """te_graph_scopes on the graph fields alone (cached: it runs once per estimate)."""
-    from mbridge_perf.config.model import ModelSection as _Model
-    from mbridge_perf.rules.recompute import full_iteration_graph, graph_impl, graph_modules
-
-    m = _Model.model_construct(cuda_graph_impl=impl, enable_cuda_graph=enable,
-                               external_cuda_graph=external,
-                               cuda_graph_modules=list(modules) if isinstance(modules, tuple)
-                               else modules,
-                               cuda_graph_scope=list(scope) if isinstance(scope, tuple)
-                               else scope)
-    if graph_impl(m) != "transformer_engine" or full_iteration_graph(m):
-        return None
-    return tuple(sorted(graph_modules(m)))
-
-
 @lru_cache(maxsize=256)
 def graphed(mixer: str, mlp: str, scopes: tuple[str, ...]) -> tuple[frozenset[str], bool, bool]:
     """Terms of a layer of this kind that live in the graph pool once graphs replay, whether
@@ -129,3 +95,25 @@ def graphed(mixer: str, mlp: str, scopes: tuple[str, ...]) -> tuple[frozenset[st
         elif {"moe_router", "moe_preprocess"} & set(scopes):
             terms |= _ROUTER
     return frozenset(terms), bool(terms), attn
+
+
+def graph_pool_gib(graphs: Graphs, activations_gib: float) -> float:
+    """CUDA-graph private pool outside the allocator (GiB): the graphed share of the
+    most-loaded stage's activations plus a fixed per-process cost. Today's model, moved here
+    unchanged so that every CUDA-graph memory term lives in this module (it overlaps the
+    steady-state term above: the graphed activations counted again)."""
+    if not graphs.on:
+        return 0.0
+    mods = set(graphs.modules)
+    if graphs.full_iteration or not mods or (graphs.impl == "local" and mods <= {"full"}):
+        share = 1.0
+    else:
+        share = 0.0
+        if "attn" in mods:
+            share += 0.4
+        if "mlp" in mods or "moe" in mods:
+            share += 0.5
+        if mods & {"moe_router", "moe_preprocess"}:
+            share += 0.1
+        share = min(share, 1.0)
+    return ov.CUDA_GRAPH_FIXED.value + share * activations_gib

@@ -14,32 +14,34 @@ Pure arithmetic: no torch or megatron import.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, computed_field
 
-from mbridge_perf.config.errors import ConfigError
+from mbridge_perf.config.layers import (
+    LayerKind,
+    Mixer,
+    MLPKind,
+    as_model,
+    hybrid_pattern,
+    layer_kinds,
+    need_field,
+    num_layers,
+    opt_field,
+    opt_int,
+)
 from mbridge_perf.config.model import ModelSection
-
-Mixer = Literal["attention", "mla", "gdn", "mamba", "none"]
-MLPKind = Literal["dense", "moe", "none"]
 
 # MambaMixer's causal-conv width: a constructor default in Megatron-Core, not a config field.
 MAMBA_CONV_KERNEL = 4
 # Megatron-Core's MambaMixer expansion when `mamba_num_heads` is not given.
 MAMBA_EXPAND = 2
-# Hybrid-pattern symbols (Megatron-Core `Symbols`): Mamba, attention, dense MLP, MoE.
-HYBRID_SYMBOLS = {"M": ("mamba", "none"), "*": ("attention", "none"), "-": ("none", "dense"),
-                  "E": ("none", "moe")}
 
 
-@dataclass(frozen=True)
-class LayerKind:
-    """What one decoder layer holds: its token mixer and its MLP."""
-
-    mixer: Mixer
-    mlp: MLPKind
+def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int = 1) -> int:
+    """Megatron's padding: round the vocabulary up to a multiple of divisor x TP."""
+    multiple = divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
 
 
 class LayerParams(BaseModel):
@@ -187,133 +189,14 @@ class ParamCount(BaseModel):
 
 
 # ---------------------------------------------------------------------------------------------
-# reading the model section
-
-
-def as_model(model: ModelSection | Mapping[str, Any]) -> ModelSection:
-    """Accept a ModelSection or a plain dict of model-section fields (e.g. a preset)."""
-    if isinstance(model, ModelSection):
-        return model
-    return ModelSection.model_validate(dict(model))
-
-
-def _opt(model: ModelSection, name: str, default: Any = None) -> Any:
-    """A field that may be modelled or carried as an extra (Megatron-Core names)."""
-    value = getattr(model, name, None)
-    if value is None:
-        value = (model.__pydantic_extra__ or {}).get(name)
-    return default if value is None else value
-
-
-def opt_int(model: ModelSection, name: str, default: Any) -> Any:
-    """A carried whole-number field (Megatron-Core names such as mamba_head_dim): carried
-    fields are not typed on load, so a list or a word here is reported naming the field."""
-    value = _opt(model, name, default)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"model.{name}", f"expected a whole number >= 1, got {value!r}")
-    return value
-
-
-def _need(model: ModelSection, name: str) -> Any:
-    value = _opt(model, name)
-    if value is None:
-        raise ValueError(f"model.{name} is required to count parameters")
-    return value
-
-
-def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int = 1) -> int:
-    """Megatron's padding: round the vocabulary up to a multiple of divisor x TP."""
-    multiple = divisible_by * tp
-    return -(-vocab_size // multiple) * multiple
-
-
-def hybrid_pattern(model: ModelSection) -> str | None:
-    """The hybrid Mamba layer pattern, under either Bridge spelling."""
-    pattern = _opt(model, "hybrid_override_pattern") or _opt(model, "hybrid_layer_pattern")
-    if pattern is None:
-        return None
-    pattern = str(pattern)
-    bad = sorted(set(pattern) - set(HYBRID_SYMBOLS))
-    if bad:
-        raise ValueError(f"model.hybrid_override_pattern has symbols {bad} that are not "
-                         f"modelled (known: {sorted(HYBRID_SYMBOLS)}; MTP parts after '/' "
-                         "are not supported)")
-    return pattern
-
-
-def num_layers(model: ModelSection) -> int:
-    pattern = hybrid_pattern(model)
-    if pattern is not None:
-        if model.num_layers is not None and model.num_layers != len(pattern):
-            raise ValueError(f"model.num_layers={model.num_layers} but the hybrid pattern has "
-                             f"{len(pattern)} layers")
-        return len(pattern)
-    return int(_need(model, "num_layers"))
-
-
-def _pattern(freq: Any, n: int, name: str, *, int_rule: Any) -> list[int]:
-    if isinstance(freq, bool):
-        raise ValueError(f"model.{name} must be an int or a list of 0/1, got {freq!r}")
-    if isinstance(freq, int):
-        if freq < 1:
-            raise ValueError(f"model.{name} must be >= 1, got {freq}")
-        return [int_rule(i, freq) for i in range(n)]
-    if isinstance(freq, list | tuple):
-        if len(freq) != n:
-            raise ValueError(f"model.{name} has {len(freq)} entries, expected {n} (num_layers)")
-        return [1 if v else 0 for v in freq]
-    raise ValueError(f"model.{name} must be an int or a list of 0/1, got {freq!r}")
-
-
-def moe_pattern(model: ModelSection) -> list[int]:
-    """1 where a decoder layer is MoE: int N = every Nth layer from layer 0; list = per layer."""
-    n = num_layers(model)
-    if not model.num_moe_experts:
-        return [0] * n
-    return _pattern(model.moe_layer_freq, n, "moe_layer_freq",
-                    int_rule=lambda i, k: 1 if i % k == 0 else 0)
-
-
-def linear_attention_pattern(model: ModelSection) -> list[int]:
-    """1 where a layer uses GatedDeltaNet: int N = every Nth layer (1-based) is full attention."""
-    n = num_layers(model)
-    variant = model.experimental_attention_variant
-    if variant is None:
-        return [0] * n
-    if variant != "gated_delta_net":
-        raise ValueError(f"model.experimental_attention_variant={variant!r} is not modelled; "
-                         "supported: gated_delta_net")
-    return _pattern(_need(model, "linear_attention_freq"), n, "linear_attention_freq",
-                    int_rule=lambda i, k: 0 if (i + 1) % k == 0 else 1)
-
-
-def layer_kinds(model: ModelSection | Mapping[str, Any]) -> tuple[LayerKind, ...]:
-    """Mixer and MLP kind of every decoder layer, in order."""
-    m = as_model(model)
-    pattern = hybrid_pattern(m)
-    if pattern is not None:
-        return tuple(LayerKind(*HYBRID_SYMBOLS[c]) for c in pattern)
-    attn: Mixer = "mla" if m.multi_latent_attention else "attention"
-    gdn = linear_attention_pattern(m)
-    moe = moe_pattern(m)
-    return tuple(LayerKind("gdn" if g else attn, "moe" if e else "dense")
-                 for g, e in zip(gdn, moe, strict=True))
-
-
-# ---------------------------------------------------------------------------------------------
-# pieces
-
-
 def _norm(model: ModelSection, width: int) -> int:
     """LayerNorm has a weight and a bias, RMSNorm a weight."""
     return 2 * width if model.normalization == "LayerNorm" else width
 
 
 def _heads(model: ModelSection) -> tuple[int, int, int]:
-    h = int(_need(model, "hidden_size"))
-    a = int(_need(model, "num_attention_heads"))
+    h = int(need_field(model, "hidden_size"))
+    a = int(need_field(model, "num_attention_heads"))
     g = int(model.num_query_groups or a)
     d = int(model.kv_channels or h // a)
     return a, g, d
@@ -321,9 +204,9 @@ def _heads(model: ModelSection) -> tuple[int, int, int]:
 
 def _attention(model: ModelSection) -> tuple[int, int]:
     """Softmax attention (MHA/GQA): (params, TP-replicated params), input norm excluded."""
-    h = int(_need(model, "hidden_size"))
+    h = int(need_field(model, "hidden_size"))
     a, g, d = _heads(model)
-    q_out = a * d * (2 if _opt(model, "attention_output_gate", False) else 1)
+    q_out = a * d * (2 if opt_field(model, "attention_output_gate", False) else 1)
     qkv_out = q_out + 2 * g * d
     params = h * qkv_out + a * d * h
     replicated = 0
@@ -336,15 +219,15 @@ def _attention(model: ModelSection) -> tuple[int, int]:
         qk = 2 * _norm(model, d)
         params += qk
         replicated += qk
-    if _opt(model, "softmax_type", "vanilla") == "learnable":
+    if opt_field(model, "softmax_type", "vanilla") == "learnable":
         params += a  # attention sinks: one learned logit per head, split with the heads
     return params, replicated
 
 
 def _mla(model: ModelSection) -> tuple[int, int]:
     """Multi-latent attention (DeepSeek-V2/V3): (params, TP-replicated params)."""
-    h = int(_need(model, "hidden_size"))
-    a = int(_need(model, "num_attention_heads"))
+    h = int(need_field(model, "hidden_size"))
+    a = int(need_field(model, "num_attention_heads"))
     r_q, r_kv = model.q_lora_rank, model.kv_lora_rank
     d_n, d_r, d_v = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
     q_head = a * (d_n + d_r)
@@ -368,7 +251,7 @@ def _mla(model: ModelSection) -> tuple[int, int]:
 
 def _gdn(model: ModelSection) -> tuple[int, int]:
     """GatedDeltaNet (Qwen3-Next linear attention): (params, TP-replicated params)."""
-    h = int(_need(model, "hidden_size"))
+    h = int(need_field(model, "hidden_size"))
     kernel = opt_int(model, "linear_conv_kernel_dim", 4)
     d_k = opt_int(model, "linear_key_head_dim", 128)
     d_v = opt_int(model, "linear_value_head_dim", 128)
@@ -384,7 +267,7 @@ def _gdn(model: ModelSection) -> tuple[int, int]:
 
 def _mamba(model: ModelSection) -> tuple[int, int]:
     """Mamba-2 mixer as Megatron-Core's MambaMixer builds it: (params, TP-replicated)."""
-    h = int(_need(model, "hidden_size"))
+    h = int(need_field(model, "hidden_size"))
     head_dim = opt_int(model, "mamba_head_dim", 64)
     state = opt_int(model, "mamba_state_dim", 128)
     groups = opt_int(model, "mamba_num_groups", 8)
@@ -400,7 +283,7 @@ def _mamba(model: ModelSection) -> tuple[int, int]:
 
 def _mlp(model: ModelSection, width: int, *, bias: bool | None = None) -> tuple[int, int]:
     """A (possibly gated) MLP of the given width: (params, TP-replicated params)."""
-    h = int(_need(model, "hidden_size"))
+    h = int(need_field(model, "hidden_size"))
     fc1_out = 2 * width if model.gated_linear_unit else width
     params = h * fc1_out + width * h
     replicated = 0
@@ -411,11 +294,11 @@ def _mlp(model: ModelSection, width: int, *, bias: bool | None = None) -> tuple[
 
 
 def _ffn_width(model: ModelSection) -> int:
-    return int(model.ffn_hidden_size or 4 * int(_need(model, "hidden_size")))
+    return int(model.ffn_hidden_size or 4 * int(need_field(model, "hidden_size")))
 
 
 def _layer(model: ModelSection, index: int, kind: LayerKind) -> LayerParams:
-    h = int(_need(model, "hidden_size"))
+    h = int(need_field(model, "hidden_size"))
     norm = _norm(model, h)
     attention = replicated = 0
     if kind.mixer != "none":
@@ -430,7 +313,7 @@ def _layer(model: ModelSection, index: int, kind: LayerKind) -> LayerParams:
         dense, rep = _mlp(model, _ffn_width(model))
         replicated += rep
     elif kind.mlp == "moe":
-        experts = int(_need(model, "num_moe_experts"))
+        experts = int(need_field(model, "num_moe_experts"))
         width = int(model.moe_ffn_hidden_size or _ffn_width(model))
         per_expert, _ = _mlp(model, width)
         routed = experts * per_expert
@@ -442,7 +325,7 @@ def _layer(model: ModelSection, index: int, kind: LayerKind) -> LayerParams:
             shared, rep = _mlp(model, int(model.moe_shared_expert_intermediate_size),
                                bias=False)
             replicated += rep
-            if _opt(model, "moe_shared_expert_gate", False):
+            if opt_field(model, "moe_shared_expert_gate", False):
                 shared += h
                 replicated += h
     replicated += norms
@@ -474,7 +357,7 @@ def mtp_layer_params(model: ModelSection | Mapping[str, Any], depth: int = 0) ->
     n_mtp = int(m.mtp_num_layers or 0)
     if not 0 <= depth < n_mtp:
         raise ValueError(f"MTP depth {depth} out of range (model.mtp_num_layers={n_mtp})")
-    h = int(_need(m, "hidden_size"))
+    h = int(need_field(m, "hidden_size"))
     last = layer_kinds(m)[-1]
     kind = LayerKind("mla" if m.multi_latent_attention else "attention", last.mlp)
     layer = _layer(m, num_layers(m) + depth, kind)
@@ -490,9 +373,9 @@ def vocab_rows(model: ModelSection | Mapping[str, Any], *, pad_vocab: bool | Non
     and otherwise pads, as Megatron-LM always does; the larger count errs on the safe side.
     """
     m = as_model(model)
-    vocab = int(_need(m, "vocab_size"))
+    vocab = int(need_field(m, "vocab_size"))
     if pad_vocab is None:
-        pad_vocab = bool(_opt(m, "should_pad_vocab", True))
+        pad_vocab = bool(opt_field(m, "should_pad_vocab", True))
     if not pad_vocab:
         return vocab
     return padded_vocab_size(vocab, m.make_vocab_size_divisible_by,
@@ -508,7 +391,7 @@ def count_params(model: ModelSection | Mapping[str, Any], *, pad_vocab: bool | N
     stage; that copy is a per-stage matter and is not in this global count.
     """
     m = as_model(model)
-    h = int(_need(m, "hidden_size"))
+    h = int(need_field(m, "hidden_size"))
     rows = vocab_rows(m, pad_vocab=pad_vocab, tp=tp)
     positions = 0
     if m.position_embedding_type == "learned_absolute":

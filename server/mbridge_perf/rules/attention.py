@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from mbridge_perf.config.derived import Derived
 from mbridge_perf.config.model import TrainingConfig
+from mbridge_perf.config.semantics import attention_backend
 from mbridge_perf.rules.catalog import LONG_CONTEXT, Violation, rule
-from mbridge_perf.rules.recompute import attention_backend
 
 LONG_SEQ = 2048  # below this the score tensors stay small next to the weights
 

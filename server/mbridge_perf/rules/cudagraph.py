@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from mbridge_perf.config.derived import Derived
 from mbridge_perf.config.model import ModelSection, TrainingConfig
-from mbridge_perf.rules.catalog import RECOMPUTE, WORKFLOW, Violation, rule
-from mbridge_perf.rules.recompute import (
+from mbridge_perf.config.semantics import (
     GRAPH_IMPLS,
     carried_section,
     full_iteration_graph,
@@ -17,6 +16,7 @@ from mbridge_perf.rules.recompute import (
     model_flag,
     raw_graph_names,
 )
+from mbridge_perf.rules.catalog import RECOMPUTE, WORKFLOW, Violation, rule
 
 IMPL = "model.cuda_graph_impl"
 MODS = "model.cuda_graph_modules"

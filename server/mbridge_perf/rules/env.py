@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from mbridge_perf.config.derived import Derived
 from mbridge_perf.config.model import TrainingConfig
+from mbridge_perf.config.semantics import attention_backend, carried_section, graph_impl
 from mbridge_perf.rules.catalog import MEM, RECOMPUTE, Violation, rule
-from mbridge_perf.rules.recompute import attention_backend, carried_section, graph_impl
 
 ALLOC = "PYTORCH_CUDA_ALLOC_CONF"
 ALLOC_FIELD = f"env.{ALLOC}"

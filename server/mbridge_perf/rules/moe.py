@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from mbridge_perf.config.derived import Derived
-from mbridge_perf.config.gpus import GPUSpec, lookup_gpu
+from mbridge_perf.config.gpus import GPUSpec
 from mbridge_perf.config.model import TrainingConfig
 from mbridge_perf.rules.catalog import LONG_CONTEXT, WORKFLOW, Violation, rule
 
@@ -41,14 +41,6 @@ def _flag(c: TrainingConfig, name: str) -> Any:
     return c.model.carried().get(name)
 
 
-def _gpu(c: TrainingConfig) -> GPUSpec | None:
-    """The catalog entry for cluster.gpu; None when unset or not in the catalog."""
-    try:
-        return lookup_gpu(c.cluster.gpu) if c.cluster.gpu else None
-    except ValueError:
-        return None
-
-
 def _backend_supported(backend: str | None, gpu: GPUSpec) -> bool:
     """Bridge's architecture check: DeepEP on sm80 / sm90 and the B200 / B300 boards (not the
     GB200 / GB300 racks); HybridEP on Ampere, Hopper and Blackwell (major 8, 9, 10)."""
@@ -78,7 +70,7 @@ def _flex_needs_backend(c: TrainingConfig, d: Derived) -> Violation | None:
               "Blackwell (GB200/GB300 NVL72)")
 def _flex_backend_gpu(c: TrainingConfig, d: Derived) -> Violation | None:
     # needs a declared cluster.gpu: Bridge checks the live device
-    m, gpu = c.model, _gpu(c)
+    m, gpu = c.model, d.gpu
     if gpu is None or m.moe_token_dispatcher_type != "flex" or \
             _backend_supported(m.moe_flex_dispatcher_backend, gpu):
         return None

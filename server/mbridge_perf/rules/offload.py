@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from mbridge_perf.config.derived import Derived
 from mbridge_perf.config.model import ModelSection, TrainingConfig
-from mbridge_perf.rules.catalog import MEM, Violation, rule
-from mbridge_perf.rules.recompute import (
+from mbridge_perf.config.semantics import (
     effective_recompute,
     full_iteration_graph,
     graph_impl,
     graph_modules,
 )
+from mbridge_perf.rules.catalog import MEM, Violation, rule
 
 CPU = "model.cpu_offloading"
 CPU_LAYERS = "model.cpu_offloading_num_layers"

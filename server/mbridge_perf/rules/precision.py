@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from mbridge_perf.config.derived import Derived
-from mbridge_perf.config.gpus import lookup_gpu
 from mbridge_perf.config.model import MixedPrecisionSection, TrainingConfig
 from mbridge_perf.rules.catalog import WORKFLOW, Violation, rule
 
@@ -277,10 +276,7 @@ def _recipe_needs_blackwell(c: TrainingConfig, d: Derived) -> Violation | None:
     p = d.precision
     wants = "fp4" if p.fp4 else ("fp8_recipe='mxfp8'" if p.fp8 and p.fp8_recipe == "mxfp8"
                                  else None)
-    try:
-        gpu = lookup_gpu(c.cluster.gpu) if c.cluster.gpu and wants else None
-    except ValueError:
-        gpu = None
+    gpu = d.gpu if wants else None
     if gpu is None or gpu.architecture == "blackwell":
         return None
     return Violation(f"{wants} on {gpu.name} ({gpu.architecture}): these formats need "

@@ -1,19 +1,25 @@
-"""Activation recompute (constraint catalog section E).
-
-This module also holds the small read-only views of the config that the later memory areas
-(``offload``, ``cudagraph``, ``env``, ``attention``) share: the recompute modules as Megatron-Core
-sees them, the effective CUDA-graph implementation and modules, the attention backend name and the
-carried sections. They live here because recompute is the first of those areas in catalog order,
-so importing them from a later module never registers rules out of order.
+"""Activation recompute (constraint catalog section E). What the config means (the modules in
+effect, graphs, fused attention, the selective order) is read from the resolved view and
+config.semantics; these rules only judge it.
 """
 
 from __future__ import annotations
 
 import difflib
-from typing import Any
 
 from mbridge_perf.config.derived import Derived
 from mbridge_perf.config.model import ModelSection, TrainingConfig
+from mbridge_perf.config.semantics import (
+    RECOMPUTE_LABELS,
+    attention_backend,
+    effective_recompute,
+    first_selective_hint,
+    full_iteration_graph,
+    graph_impl,
+    graph_modules,
+    graphs,
+    recompute_modules,
+)
 from mbridge_perf.rules.catalog import RECOMPUTE, Violation, rule
 
 GRAN = "model.recompute_granularity"
@@ -24,129 +30,13 @@ IMPL = "model.cuda_graph_impl"
 GRAPH_MODULES = "model.cuda_graph_modules"
 SP = "model.sequence_parallel"
 
-# Valid labels at the pinned Megatron-Core. 0.16.1 lacks gdn_norm_out; the pin wins (section P).
-RECOMPUTE_LABELS = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
-                    "shared_experts", "gdn_norm_out")
 _LABEL_HINTS = {"up_proj": "mla_up_proj", "norm": "layernorm", "attention": "core_attn",
                 "attn": "core_attn", "core_attention": "core_attn", "moe_layer": "moe",
                 "shared_expert": "shared_experts", "act": "moe_act", "ln": "layernorm"}
-GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
-_FUSED_BACKENDS = ("auto", "fused", "flash")
-
-
-# --- shared views -------------------------------------------------------------------------
-
-
-def bare_name(value: object) -> str:
-    """Enum member or string to its bare name: ``AttnBackend.flash`` → ``flash``."""
-    return str(getattr(value, "name", value)).rsplit(".", 1)[-1]
-
-
-def attention_backend(m: ModelSection) -> str:
-    return bare_name(m.attention_backend)
-
-
-def fused_attention(m: ModelSection) -> bool:
-    """Transformer Engine fused / flash attention keeps no score matrix, so recomputing
-    core_attn frees ≈ 0 there (Megatron-Core warns)."""
-    return m.transformer_impl == "transformer_engine" and \
-        attention_backend(m) in _FUSED_BACKENDS
-
-
-def first_selective_modules(m: ModelSection) -> list[str]:
-    """The selective modules to try first, in the skills' order: the one source of truth
-    for every door that names a first recompute module. core_attn only with unfused attention;
-    otherwise what the architecture stores most cheaply (mla_up_proj, moe_act), else
-    layernorm. mlp is never first: it is the expensive last resort."""
-    first = [] if fused_attention(m) else ["core_attn"]
-    if m.multi_latent_attention:
-        first.append("mla_up_proj")
-    if m.num_moe_experts and m.moe_grouped_gemm:
-        first.append("moe_act")
-    return first or ["layernorm"]
-
-
-def first_selective_hint(m: ModelSection) -> str:
-    """The first-module advice as config text, for fix messages."""
-    mods = first_selective_modules(m)
-    why = "" if "core_attn" in mods else " (core_attn frees ≈ 0 under fused / flash attention)"
-    return f"model.recompute_granularity=selective with {MODULES}=[{', '.join(mods)}]{why}"
-
-
-def carried_section(cfg: TrainingConfig, name: str) -> dict[str, Any]:
-    """An unmodelled top-level section (rerun_state_machine, rng, dist, …) or {}."""
-    section = cfg.carried().get(name)
-    return section if isinstance(section, dict) else {}
-
-
-def model_flag(cfg: TrainingConfig, name: str) -> bool:
-    """A model switch Bridge can also receive from ``comm_overlap`` (applied onto the model)."""
-    return bool(getattr(cfg.overlap, name, False) or cfg.model.carried().get(name))
-
-
-def recompute_modules(m: ModelSection) -> list[str]:
-    """recompute_modules as Megatron-Core reads them: unset means ["core_attn"]."""
-    return ["core_attn"] if m.recompute_modules is None else list(m.recompute_modules)
-
-
-def effective_recompute(m: ModelSection) -> tuple[str | None, list[str]]:
-    """Granularity and modules after the deprecated ``moe_layer_recompute`` is folded in
-    (selective + ``moe``), which Megatron-Core does after its recompute checks but before its
-    CUDA-graph checks."""
-    modules = recompute_modules(m)
-    if m.moe_layer_recompute and m.recompute_granularity != "full":
-        return "selective", modules if "moe" in modules else [*modules, "moe"]
-    return m.recompute_granularity, modules
-
-
-def _names(value: object) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [s.strip() for s in value.split(",") if s.strip()]
-    if isinstance(value, list | tuple):
-        return [bare_name(v) for v in value]
-    return [bare_name(value)]
-
-
-def graph_impl(m: ModelSection) -> str:
-    """cuda_graph_impl after the deprecated enable_cuda_graph / external_cuda_graph flags are
-    migrated (Megatron-Core does so only when the impl is still "none")."""
-    impl = bare_name(m.cuda_graph_impl)
-    if impl == "none" and m.enable_cuda_graph:
-        return "local"
-    if impl == "none" and m.external_cuda_graph:
-        return "transformer_engine"
-    return impl
-
-
-def raw_graph_names(m: ModelSection) -> list[str]:
-    """Every name the user put in cuda_graph_modules and the deprecated cuda_graph_scope."""
-    return _names(m.cuda_graph_modules) + _names(m.cuda_graph_scope)
-
-
-def full_iteration_graph(m: ModelSection) -> bool:
-    """Full-iteration capture, in the pinned spelling or the legacy local + scope one
-    (Bridge ``is_full_iteration_cuda_graph``)."""
-    impl = graph_impl(m)
-    return impl == "full_iteration" or (impl == "local"
-                                        and "full_iteration" in raw_graph_names(m))
-
-
-def graph_modules(m: ModelSection) -> list[str]:
-    """Per-layer graph modules in effect: none when graphs are off (Bridge clears them), the
-    local impl always graphs moe_router and moe_preprocess together (Megatron-Core)."""
-    if graph_impl(m) == "none":
-        return []
-    mods = [n for n in dict.fromkeys(raw_graph_names(m)) if n not in ("full", "full_iteration")]
-    if graph_impl(m) == "local" and {"moe_router", "moe_preprocess"} & set(mods):
-        mods += [n for n in ("moe_router", "moe_preprocess") if n not in mods]
-    return mods
 
 
 def _describe_graphs(m: ModelSection) -> str:
-    mods = graph_modules(m)
-    return f'cuda_graph_impl="{graph_impl(m)}"' + (f" with modules {mods}" if mods else "")
+    return graphs(m).describe()
 
 
 # --- rules (catalog order) ------------------------------------------------------------------
@@ -177,7 +67,7 @@ def _full_before_selective(c: TrainingConfig, d: Derived) -> Violation | None:
     return Violation(
         f'recompute_granularity="full"{where}: whole-layer recompute repeats the full forward '
         "of each recomputed layer, the most expensive option",
-        f"try {first_selective_hint(c.model)} first, then add layernorm (after "
+        f"try {first_selective_hint(d.first_selective_modules())} first, then add layernorm (after "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); go to full only if that cannot fit")
 
 
@@ -321,7 +211,7 @@ def _mlp_costly(c: TrainingConfig, d: Derived) -> Violation | None:
         "recompute_modules contains mlp on a dense model: measured on Llama3 70B it saved "
         "≈ 3 GB for ≈ 16 % lower TFLOP/s/GPU (−16.4 %)",
         "first set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and try cheaper labels "
-        f"({', '.join(dict.fromkeys([*first_selective_modules(c.model), 'layernorm']))}); keep "
+        f"({', '.join(dict.fromkeys([*d.first_selective_modules(), 'layernorm']))}); keep "
         "mlp only if the throughput loss is accepted, and use it alone rather than with "
         "core_attn")
 
@@ -350,7 +240,7 @@ def _mla_up_proj_needs_mla(c: TrainingConfig, d: Derived) -> Violation | None:
     return Violation("recompute_modules contains mla_up_proj on a model with "
                      "multi_latent_attention=False",
                      f"drop mla_up_proj from {MODULES} (it only exists in MLA attention); "
-                     f"use {', '.join(first_selective_modules(c.model))} instead")
+                     f"use {', '.join(d.first_selective_modules())} instead")
 
 
 @rule("recompute.gdn-norm-out-needs-gdn", "error", ref="E10", source="megatron-core",
@@ -374,7 +264,7 @@ def _core_attn_fused(c: TrainingConfig, d: Derived) -> Violation | None:
     m = c.model
     granularity, modules = effective_recompute(m)
     backend = attention_backend(m)
-    if granularity != "selective" or "core_attn" not in modules or not fused_attention(m):
+    if granularity != "selective" or "core_attn" not in modules or not d.fused_attention:
         return None
     implicit = " (the default when recompute_modules is unset)" \
         if m.recompute_modules is None else ""
@@ -383,7 +273,7 @@ def _core_attn_fused(c: TrainingConfig, d: Derived) -> Violation | None:
         "Engine: fused / flash attention keeps no score matrix, so this saves ≈ 0 "
         "(Moonlight 16B: −0.01 % memory, +3.85 % step time)",
         f"drop core_attn from {MODULES}; recompute what the architecture stores instead: "
-        f"[{', '.join(first_selective_modules(m))}] (or [] for none); core_attn only with "
+        f"[{', '.join(d.first_selective_modules())}] (or [] for none); core_attn only with "
         'attention_backend="unfused"')
 
 

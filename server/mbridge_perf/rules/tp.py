@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from mbridge_perf.config.derived import Derived
-from mbridge_perf.config.gpus import GPUSpec, lookup_gpu
 from mbridge_perf.config.model import TrainingConfig
+from mbridge_perf.config.semantics import first_selective_hint
 from mbridge_perf.rules.catalog import MEM, WORKFLOW, Violation, rule
 
 TP = "model.tensor_model_parallel_size"
@@ -34,18 +34,10 @@ def _positive_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _gpu(c: TrainingConfig) -> GPUSpec | None:
-    """The catalog entry for cluster.gpu; None when unset or not in the catalog."""
-    try:
-        return lookup_gpu(c.cluster.gpu) if c.cluster.gpu else None
-    except ValueError:
-        return None
-
-
-def _nvlink_domain(c: TrainingConfig) -> tuple[int, str] | None:
+def _nvlink_domain(c: TrainingConfig, d: Derived) -> tuple[int, str] | None:
     """GPUs that share one NVLink domain, and where that number comes from: the GPU catalog when
     cluster.gpu names a known GPU, else cluster.gpus_per_node."""
-    gpu = _gpu(c)
+    gpu = d.gpu
     if gpu is not None:
         return gpu.nvlink_domain, f"the {gpu.name} NVLink domain of {gpu.nvlink_domain} GPUs"
     per_node = c.cluster.gpus_per_node
@@ -192,7 +184,7 @@ def _gdn_heads_divisible(c: TrainingConfig, d: Derived) -> Violation | None:
       fields=(TP, "cluster.gpus_per_node", "cluster.gpu"), skill=MEM,
       summary="TP larger than one NVLink domain puts its all-reduces on the inter-node fabric")
 def _crosses_nvlink_domain(c: TrainingConfig, d: Derived) -> Violation | None:
-    domain = _nvlink_domain(c)
+    domain = _nvlink_domain(c, d)
     if domain is None or d.tp <= domain[0]:
         return None
     return Violation(
@@ -209,13 +201,11 @@ def _raised_for_memory(c: TrainingConfig, d: Derived) -> Violation | None:
     if b is None or lowered is None or b.tp >= d.tp:
         return None
     old_dp, new_dp = lowered
-    from mbridge_perf.rules.recompute import first_selective_hint  # keeps registration order
-
     return Violation(
         f"tensor_model_parallel_size raised {b.tp} → {d.tp} with DP {old_dp} → {new_dp}: on "
         "Llama3 70B TP 4 → 8 measured −28.4 % throughput",
         "revert TP; first set env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, then "
-        + first_selective_hint(c.model))
+        + first_selective_hint(d.first_selective_modules()))
 
 
 @rule("tp.comm-overlap-needs-sp", "warning", ref="L1", source="megatron-bridge",

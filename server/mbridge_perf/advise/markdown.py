@@ -5,14 +5,10 @@ CUDA-graph warning, offload - then what is not a memory fix."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from mbridge_perf.advise.oom_result import OOMDiagnosis
+from mbridge_perf.advise.recommend_result import RecomputePlan, RecomputeStep
 from mbridge_perf.config.model import TrainingConfig
 from mbridge_perf.config.semantics import full_iteration_graph, graph_impl
-
-if TYPE_CHECKING:
-    from mbridge_perf.advise.oom import OOMDiagnosis
-    from mbridge_perf.advise.recompute import RecomputePlan, RecomputeStep
 
 GRAPH_WARNING = (
     "**FP8 / CUDA graphs:** full (layer-level) recompute asserts with per-layer CUDA graphs "

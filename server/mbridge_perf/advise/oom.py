@@ -14,11 +14,16 @@ characters are scanned, so a text of any length is accepted; nothing here raises
 from __future__ import annotations
 
 import re
-from typing import Literal
 
-from pydantic import BaseModel, Field
-
-from mbridge_perf.advise.recompute import RecomputePlan
+from mbridge_perf.advise.markdown import oom_markdown
+from mbridge_perf.advise.oom_result import (
+    FailureMode,
+    OOMDiagnosis,
+    OOMNumbers,
+    RankMemory,
+)
+from mbridge_perf.advise.recompute import recommend_recompute
+from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.model import TrainingConfig
 from mbridge_perf.memory import overheads as ov
 
@@ -56,57 +61,6 @@ ALLOC_SET = re.compile(r"PYTORCH_CUDA_ALLOC_CONF\s*[=:]\s*['\"]?[^\s'\"]*"
 GB = 1e9 / GIB  # one decimal GB in GiB
 FRAG_BAND_GIB = 1.0  # a GiB-scale band ...
 FRAG_BAND_X = 4.0  # ... or several times the failed request
-
-
-class OOMNumbers(BaseModel):
-    """What the message says, in GiB (2^30 bytes)."""
-
-    requested_gib: float | None = None
-    total_capacity_gib: float | None = None
-    free_gib: float | None = None
-    in_use_gib: float | None = None
-    allocated_gib: float | None = None
-    reserved_gib: float | None = None
-    reserved_unallocated_gib: float | None = None
-    gpu_index: int | None = None
-    rank: int | None = Field(None, description="the rank the failure line names, if any")
-
-
-class RankMemory(BaseModel):
-    """A Megatron / Bridge per-rank memory line (GiB)."""
-
-    rank: int
-    iteration: int
-    allocated_gib: float | None
-    max_allocated_gib: float | None
-    reserved_gib: float | None
-    max_reserved_gib: float | None
-    alloc_retries: int | None
-
-
-class FailureMode(BaseModel):
-    """The matching row of a skill's failure table."""
-
-    skill: str
-    name: str
-    symptom: str
-    fix: str
-
-
-class OOMDiagnosis(BaseModel):
-    classification: Literal["fragmentation", "capacity", "none"]
-    reason: str
-    message_format: Literal["pytorch>=2.1", "pytorch-2.0/1.x", "cuda-driver", "nccl",
-                            "memory-lines", "none"]
-    numbers: OOMNumbers
-    ranks: list[RankMemory] = Field(description="per-rank memory lines, the last per rank "
-                                                "(the 256 fullest ranks at most)")
-    allocator_set: bool | None = Field(description="expandable_segments:True seen in the text "
-                                                   "or the config (None: not known)")
-    failure_mode: FailureMode | None
-    plan: RecomputePlan | None = Field(None, description="recommend_recompute's plan, when a "
-                                                             "config was given")
-    answer_markdown: str
 
 
 MEMORY = "nemo-mbridge-perf-memory-tuning"
@@ -299,7 +253,6 @@ def _other(tail: str, ranks: list[RankMemory]) -> tuple[str, str, str]:
 
 def _finish(kind: str, reason: str, fmt: str, numbers: OOMNumbers, ranks: list[RankMemory],
             allocator: bool | None, cfg: TrainingConfig | None) -> OOMDiagnosis:
-    from mbridge_perf.advise.markdown import oom_markdown
 
     row = None
     if kind == "fragmentation":
@@ -312,8 +265,6 @@ def _finish(kind: str, reason: str, fmt: str, numbers: OOMNumbers, ranks: list[R
     plan = None
     notes: list[str] = []
     if cfg is not None and kind != "none":
-        from mbridge_perf.advise.recompute import recommend_recompute
-        from mbridge_perf.config.errors import ConfigError
 
         try:
             target = numbers.total_capacity_gib

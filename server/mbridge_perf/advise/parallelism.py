@@ -28,7 +28,7 @@ import heapq
 import time
 from dataclasses import dataclass, field
 from math import ceil, log2
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -42,6 +42,14 @@ from mbridge_perf.advise.layouts import (
     cp_start,
     groups,
     min_gpus,
+)
+from mbridge_perf.advise.plan_answer import plan_markdown
+from mbridge_perf.advise.plan_result import (
+    ParallelismPlan,
+    PlanCounts,
+    PlannedLayout,
+    RejectedFamily,
+    StagePeak,
 )
 from mbridge_perf.advise.pricing import (
     Counter,
@@ -84,85 +92,6 @@ class PlanConstraints(BaseModel):
     expert_model_parallel_size: Sizes = None
     expert_tensor_parallel_size: Sizes = None
     micro_batch_size: Sizes = None
-
-
-class StagePeak(BaseModel):
-    stage: int
-    layers: int
-    peak_allocated_gib: float
-
-
-class PlannedLayout(BaseModel):
-    """One ranked layout: the sizes, both meshes, per-stage memory and why it ranks here."""
-
-    rank: int
-    tensor_model_parallel_size: int
-    pipeline_model_parallel_size: int
-    virtual_pipeline_model_parallel_size: int | None
-    context_parallel_size: int
-    expert_model_parallel_size: int
-    expert_tensor_parallel_size: int | None
-    micro_batch_size: int
-    data_parallel_size: int
-    expert_data_parallel_size: int | None
-    min_gpus: int = Field(description="PP·lcm(TP·CP, EP·ETP): the smallest world this layout "
-                                      "runs on")
-    attention_mesh: str = Field(description="TP x CP x DP x PP = N")
-    expert_mesh: str | None = Field(description="ETP x EP x EDP x PP = N (MoE)")
-    pipeline_split: str = Field(description="how the layers go on the PP x VPP stages")
-    tokens_per_cp_rank: int
-    num_microbatches: int
-    bubble_fraction: float = Field(description="(PP - 1) / (VPP x micro-batches)")
-    fit: Literal["as_set", "with_rung", "no"] = Field(
-        description="as_set: fits with the config's own recompute / offload; with_rung: "
-                    "fits only with the rung named in `rung`; no: does not fit")
-    rung: str | None = Field(description="the change that makes it fit (fit=with_rung)")
-    per_stage: list[StagePeak]
-    most_loaded_stage: int
-    peak_allocated_gib: float
-    headroom_gib: float | None
-    fits_with_fragmentation: bool | None
-    config_changes: dict[str, Any] = Field(description="dotted Bridge keys for this layout "
-                                                       "(and its rung)")
-    overrides: list[str]
-    warnings: list[str] = Field(description="validator warnings on this layout")
-    reasons: list[str] = Field(description="why it ranks here")
-
-
-class RejectedFamily(BaseModel):
-    family: str
-    reason: str
-    count: int
-
-
-class PlanCounts(BaseModel):
-    skeletons: int = Field(description="(TP, PP, VPP, EP, ETP, MBS) combinations")
-    layouts: int = Field(description="layouts enumerated (skeletons x the CPs each allows)")
-    priced: int = Field(description="layouts priced with estimate_memory")
-    bounded: int = Field(description="layouts decided without pricing: by the CP / EP bound, "
-                                     "MBS > 1 behind MBS 1, ETP > 1 behind ETP 1 at EP·ETP")
-    rescue_estimates: int
-    validated: int
-    seconds: float
-
-
-class ParallelismPlan(BaseModel):
-    num_gpus: int
-    gpu: str
-    gpu_capacity_gib: float
-    nvlink_domain: int
-    seq_length: int
-    global_batch_size: int
-    cp_start: int = Field(description="seq_length / 4096 as a power of two (where the CP "
-                                      "search starts)")
-    layouts: list[PlannedLayout]
-    published: list[PublishedLayout] = Field(
-        description="the skills' published layouts for this model, GPU and sequence, priced "
-                    "and placed in this ranking (empty when none applies)")
-    rejected: list[RejectedFamily]
-    counts: PlanCounts
-    notes: list[str]
-    answer_markdown: str
 
 
 # ---------------------------------------------------------------------------------------------
@@ -661,7 +590,6 @@ def plan_parallelism(cfg: TrainingConfig, num_gpus: int, gpu: str, seq_length: i
         counts=counts,
         notes=_notes(base, layouts, seq, spec.nvlink_domain, count.errors, count, rej),
         answer_markdown="")
-    from mbridge_perf.advise.plan_answer import plan_markdown
 
     return plan.model_copy(update={"answer_markdown": plan_markdown(plan, base)})
 

@@ -7,13 +7,10 @@ the ranked table, what was rejected, and the closing JSON block the skill asks f
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
+from mbridge_perf.advise.plan_result import ParallelismPlan, PlannedLayout
 from mbridge_perf.config.derived import Derived, resolve_precision
 from mbridge_perf.config.model import TrainingConfig
-
-if TYPE_CHECKING:
-    from mbridge_perf.advise.parallelism import ParallelismPlan, PlannedLayout
 
 
 def _sizes(lay: PlannedLayout) -> str:

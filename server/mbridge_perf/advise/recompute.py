@@ -15,8 +15,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
-
 from mbridge_perf.advise.changes import apply_changes, as_overrides
 from mbridge_perf.advise.costs import (
     FREE,
@@ -34,6 +32,8 @@ from mbridge_perf.advise.ladder import (
     offload_changes,
     selective_changes,
 )
+from mbridge_perf.advise.markdown import plan_markdown
+from mbridge_perf.advise.recommend_result import Baseline, RecomputePlan, RecomputeStep
 from mbridge_perf.config.derived import Derived
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.model import TrainingConfig
@@ -44,56 +44,6 @@ from mbridge_perf.rules.validate import validate
 MEMORY = "nemo-mbridge-perf-memory-tuning"
 RECOMPUTE = "nemo-mbridge-perf-activation-recompute"
 FITS_MARGIN_GIB = 0.0
-
-
-class RecomputeStep(BaseModel):
-    """One rung: the change, what it leaves on the most-loaded stage, what it costs."""
-
-    index: int
-    rung: Literal["allocator", "distributed_optimizer", "selective", "full", "optimizer_offload",
-                  "activation_offload"]
-    action: str
-    config_changes: dict[str, Any] = Field(description="dotted Bridge keys -> values, on top "
-                                                       "of the steps before (unless "
-                                                       "builds_on says otherwise)")
-    overrides: list[str] = Field(description="the same changes as dotted overrides")
-    builds_on: int | None = Field(description="index of the step this one is applied on "
-                                               "top of (None: the user's config)")
-    est_peak_gib: float = Field(description="peak allocated on the most-loaded stage, GiB")
-    est_need_gib: float = Field(description="peak + overheads + the high end of the "
-                                            "allocator's reserved band, GiB")
-    est_saving_gib: float = Field(description="peak allocated saved vs the step it builds on")
-    throughput_cost: ThroughputCost
-    fits: bool = Field(description="est_need_gib <= the budget")
-    rationale: str
-    skill: str
-
-
-class Baseline(BaseModel):
-    est_peak_gib: float
-    est_need_gib: float
-    reserved_band_gib: tuple[float, float]
-    overheads_gib: float
-    fits: bool
-    expandable_segments: bool
-    findings: list[str] = Field(description="validator errors of the user's config")
-
-
-class RecomputePlan(BaseModel):
-    """The ordered ladder for one config and a memory budget."""
-
-    scenario: Literal["fragmentation", "capacity", "fits"] = Field(
-        description="fragmentation: the peak fits but not with the reserved band; capacity: "
-                    "the peak itself does not fit; fits: already fits with margin")
-    budget_gib: float
-    budget_source: str
-    baseline: Baseline
-    steps: list[RecomputeStep]
-    first_fitting_step: int | None = Field(description="index of the first step that fits "
-                                                       "(None: nothing on the ladder fits)")
-    notes: list[str]
-    skipped: list[str] = Field(description="rungs that do not apply here, and why")
-    answer_markdown: str
 
 
 # ---------------------------------------------------------------------------------------------
@@ -492,8 +442,6 @@ def _scenario(lad: _Ladder) -> Literal["fragmentation", "capacity", "fits"]:
 def recommend_recompute(cfg: TrainingConfig, target_gib: float | None = None, *,
                         gpu: str | None = None) -> RecomputePlan:
     """The ladder for ``cfg`` against ``target_gib`` (default: the GPU's capacity)."""
-    from mbridge_perf.advise.markdown import plan_markdown
-
     base = _price(cfg, gpu)
     budget, source = _budget(base.report, target_gib)
     errors = [f for f in validate(cfg).findings if f.severity == "error"]

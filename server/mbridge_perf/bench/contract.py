@@ -16,8 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mbridge_perf.config.derived import derive
-from mbridge_perf.config.model import TrainingConfig
+from mbridge_perf.config.derived import Derived, derive
+from mbridge_perf.config.derived import Precision as DerivedPrecision
+from mbridge_perf.config.model import ModelSection, TrainingConfig
 
 Label = Literal["training-equivalent", "benchmark-only"]
 TRAINING_EQUIVALENT: Label = "training-equivalent"
@@ -280,6 +281,144 @@ def _versions(versions: Mapping[str, str] | None) -> Versions:
     return Versions(**{k: str(v) for k, v in versions.items()})
 
 
+def _hardware(cfg: TrainingConfig, gpu: str | None, topology: str | None) -> Hardware:
+    """The world size and GPU; nodes are derived so a layout change shows as one variable."""
+    num_gpus = cfg.cluster.num_gpus
+    gpn = cfg.cluster.gpus_per_node
+    nodes = math.ceil(num_gpus / gpn) if num_gpus and gpn else None
+    return Hardware(num_gpus=num_gpus, gpu=gpu or cfg.cluster.gpu, gpus_per_node=gpn,
+                    nodes=nodes, topology=topology)
+
+
+def _routing(m: ModelSection, moe: bool) -> Routing | None:
+    """MoE routing semantics (None for a dense model): forced balance decides the label."""
+    if not moe:
+        return None
+    return Routing(
+        force_load_balancing=m.moe_router_force_load_balancing,
+        load_balancing_type=str(m.moe_router_load_balancing_type),
+        topk=m.moe_router_topk, score_function=m.moe_router_score_function,
+        capacity_factor=m.moe_expert_capacity_factor,
+        pad_expert_input_to_capacity=m.moe_pad_expert_input_to_capacity,
+        router_dtype=m.moe_router_dtype, enable_expert_bias=m.moe_router_enable_expert_bias,
+    )
+
+
+def _label(routing: Routing | None, label: Label | None) -> tuple[Label, list[str]]:
+    """The label (benchmark-only when routing is forced, unless the caller chose) and why."""
+    reasons = []
+    if routing_changed(routing):
+        reasons.append("model.moe_router_force_load_balancing=true: routing is forced, not "
+                       "learned (benchmark-only, never convergence evidence)")
+    if label is None:
+        label = BENCHMARK_ONLY if reasons else TRAINING_EQUIVALENT
+    return label, reasons
+
+
+def _workload(cfg: TrainingConfig, moe: bool, model: str | None, task: str | None,
+              data: str | None) -> Workload:
+    """What is trained: the shape that sets FLOPs per token, batch sizes and the optimizer."""
+    m = cfg.model
+    return Workload(
+        model=model, architecture=_architecture(cfg, moe), task=task, data=data,
+        seq_length=m.seq_length, micro_batch_size=cfg.train.micro_batch_size,
+        global_batch_size=cfg.train.global_batch_size, optimizer=cfg.optimizer.optimizer,
+        use_distributed_optimizer=(cfg.optimizer.use_distributed_optimizer
+                                   or cfg.ddp.use_distributed_optimizer),
+        optimizer_cpu_offload=cfg.optimizer.optimizer_cpu_offload,
+        use_precision_aware_optimizer=cfg.optimizer.use_precision_aware_optimizer)
+
+
+def _layout(m: ModelSection, d: Derived) -> Layout:
+    """The parallel layout as derived (DP and EDP follow from the world size)."""
+    return Layout(
+        tp=d.tp, pp=d.pp, vpp=m.virtual_pipeline_model_parallel_size, cp=d.cp, ep=d.ep,
+        etp=d.etp, dp=d.dp, edp=d.edp, sequence_parallel=m.sequence_parallel,
+        pipeline_layout=(None if m.pipeline_model_parallel_layout is None
+                         else str(m.pipeline_model_parallel_layout)))
+
+
+def _precision(cfg: TrainingConfig, p: DerivedPrecision) -> Precision:
+    """The effective precision after the mixed-precision recipe; recipes of a format that is
+    off are not recorded, so they cannot show up as a difference."""
+    mp = cfg.mixed_precision
+    recipe = mp if isinstance(mp, str) else ("custom" if mp is not None else None)
+    compute: Literal["bf16", "fp16", "fp32"] = "bf16" if p.bf16 else "fp16" if p.fp16 else "fp32"
+    return Precision(
+        recipe=recipe, compute=compute, fp8=p.fp8,
+        fp8_recipe=p.fp8_recipe if p.fp8 else None, fp8_param=bool(p.fp8 and p.fp8_param),
+        fp4=p.fp4, fp4_recipe=p.fp4_recipe if p.fp4 else None,
+        first_last_layers_bf16=p.first_last_layers_bf16,
+        grad_reduce_in_fp32=p.grad_reduce_in_fp32)
+
+
+def _recompute(m: ModelSection) -> Recompute:
+    """Recompute settings, each kept only under the granularity that reads it."""
+    full = m.recompute_granularity == "full"
+    return Recompute(
+        granularity=m.recompute_granularity,
+        method=m.recompute_method if full else None,
+        num_layers=m.recompute_num_layers if full else None,
+        modules=(list(m.recompute_modules) if m.recompute_modules is not None
+                 and m.recompute_granularity == "selective" else None))
+
+
+def _dispatcher(m: ModelSection, moe: bool) -> Dispatcher:
+    """The token dispatcher (None for a dense model) and its backend when it is flex."""
+    return Dispatcher(
+        type=m.moe_token_dispatcher_type if moe else None,
+        backend=(m.moe_flex_dispatcher_backend
+                 if moe and m.moe_token_dispatcher_type == "flex" else None))
+
+
+def _overlap(cfg: TrainingConfig) -> Overlap:
+    """Communication overlap; comm_overlap's grad/param switches win over the DDP section's."""
+    ov = cfg.overlap
+    return Overlap(
+        tp_comm_overlap=ov.tp_comm_overlap,
+        overlap_moe_expert_parallel_comm=ov.overlap_moe_expert_parallel_comm,
+        delay_wgrad_compute=ov.delay_wgrad_compute,
+        moe_shared_expert_overlap=cfg.model.moe_shared_expert_overlap,
+        overlap_grad_reduce=(ov.overlap_grad_reduce if ov.overlap_grad_reduce is not None
+                             else cfg.ddp.overlap_grad_reduce),
+        overlap_param_gather=(ov.overlap_param_gather if ov.overlap_param_gather is not None
+                              else cfg.ddp.overlap_param_gather),
+        overlap_p2p_comm=ov.overlap_p2p_comm)
+
+
+def _cuda_graphs(m: ModelSection) -> CudaGraphs:
+    """CUDA graph implementation and the modules it captures (the scope when modules is unset);
+    modules only when graphs are on."""
+    graph_modules = m.cuda_graph_modules
+    if graph_modules is None and m.cuda_graph_scope is not None:
+        scope = m.cuda_graph_scope
+        graph_modules = [scope] if isinstance(scope, str) else list(scope)
+    return CudaGraphs(
+        impl=m.cuda_graph_impl,
+        modules=list(graph_modules) if graph_modules and m.cuda_graph_impl != "none" else None,
+        warmup_steps=m.cuda_graph_warmup_steps)
+
+
+def _offload(m: ModelSection) -> Offload:
+    """CPU offloading; the layer count only when offloading is on."""
+    return Offload(
+        cpu_offloading=m.cpu_offloading,
+        cpu_offloading_num_layers=m.cpu_offloading_num_layers if m.cpu_offloading else 0,
+        fine_grained_activation_offloading=m.fine_grained_activation_offloading,
+        offload_modules=list(m.offload_modules) if m.offload_modules else None)
+
+
+def _kernels(m: ModelSection, moe: bool) -> Kernels:
+    """Kernel switches; the MoE ones count only for a MoE model."""
+    return Kernels(
+        transformer_impl=m.transformer_impl, attention_backend=str(m.attention_backend),
+        moe_grouped_gemm=m.moe_grouped_gemm and moe,
+        moe_permute_fusion=m.moe_permute_fusion and moe,
+        apply_rope_fusion=m.apply_rope_fusion,
+        cross_entropy_loss_fusion=m.cross_entropy_loss_fusion,
+        gradient_accumulation_fusion=m.gradient_accumulation_fusion)
+
+
 def contract_from_config(
     cfg: TrainingConfig,
     *,
@@ -300,97 +439,26 @@ def contract_from_config(
     forced, training-equivalent otherwise. Raises ValueError for a contradiction (a
     training-equivalent label on forced routing, a window past train_iters, unknown versions)."""
     d = derive(cfg)
-    m, p = cfg.model, d.precision
+    m = cfg.model
     moe = d.is_moe
-    num_gpus = cfg.cluster.num_gpus
-    gpn = cfg.cluster.gpus_per_node
-    nodes = math.ceil(num_gpus / gpn) if num_gpus and gpn else None
-    routing = Routing(
-        force_load_balancing=m.moe_router_force_load_balancing,
-        load_balancing_type=str(m.moe_router_load_balancing_type),
-        topk=m.moe_router_topk, score_function=m.moe_router_score_function,
-        capacity_factor=m.moe_expert_capacity_factor,
-        pad_expert_input_to_capacity=m.moe_pad_expert_input_to_capacity,
-        router_dtype=m.moe_router_dtype, enable_expert_bias=m.moe_router_enable_expert_bias,
-    ) if moe else None
-    reasons = []
-    if routing_changed(routing):
-        reasons.append("model.moe_router_force_load_balancing=true: routing is forced, not "
-                       "learned (benchmark-only, never convergence evidence)")
-    if label is None:
-        label = BENCHMARK_ONLY if reasons else TRAINING_EQUIVALENT
-    mp = cfg.mixed_precision
-    recipe = mp if isinstance(mp, str) else ("custom" if mp is not None else None)
-    compute: Literal["bf16", "fp16", "fp32"] = "bf16" if p.bf16 else "fp16" if p.fp16 else "fp32"
-    ov = cfg.overlap
-    graph_modules = m.cuda_graph_modules
-    if graph_modules is None and m.cuda_graph_scope is not None:
-        scope = m.cuda_graph_scope
-        graph_modules = [scope] if isinstance(scope, str) else list(scope)
-    merged_env = {**(env or {}), **cfg.env}
+    routing = _routing(m, moe)
+    label, reasons = _label(routing, label)
     return MeasurementContract(
         versions=_versions(versions),
-        hardware=Hardware(num_gpus=num_gpus, gpu=gpu or cfg.cluster.gpu, gpus_per_node=gpn,
-                          nodes=nodes, topology=topology),
+        hardware=_hardware(cfg, gpu, topology),
         launcher=launcher,
         job=job or Job(),
-        environment=performance_env(merged_env),
-        workload=Workload(
-            model=model, architecture=_architecture(cfg, moe), task=task, data=data,
-            seq_length=m.seq_length, micro_batch_size=cfg.train.micro_batch_size,
-            global_batch_size=cfg.train.global_batch_size, optimizer=cfg.optimizer.optimizer,
-            use_distributed_optimizer=(cfg.optimizer.use_distributed_optimizer
-                                       or cfg.ddp.use_distributed_optimizer),
-            optimizer_cpu_offload=cfg.optimizer.optimizer_cpu_offload,
-            use_precision_aware_optimizer=cfg.optimizer.use_precision_aware_optimizer),
-        layout=Layout(
-            tp=d.tp, pp=d.pp, vpp=m.virtual_pipeline_model_parallel_size, cp=d.cp, ep=d.ep,
-            etp=d.etp, dp=d.dp, edp=d.edp, sequence_parallel=m.sequence_parallel,
-            pipeline_layout=(None if m.pipeline_model_parallel_layout is None
-                             else str(m.pipeline_model_parallel_layout))),
+        environment=performance_env({**(env or {}), **cfg.env}),
+        workload=_workload(cfg, moe, model, task, data),
+        layout=_layout(m, d),
         routing=routing,
-        precision=Precision(
-            recipe=recipe, compute=compute, fp8=p.fp8,
-            fp8_recipe=p.fp8_recipe if p.fp8 else None, fp8_param=bool(p.fp8 and p.fp8_param),
-            fp4=p.fp4, fp4_recipe=p.fp4_recipe if p.fp4 else None,
-            first_last_layers_bf16=p.first_last_layers_bf16,
-            grad_reduce_in_fp32=p.grad_reduce_in_fp32),
-        recompute=Recompute(
-            granularity=m.recompute_granularity,
-            method=m.recompute_method if m.recompute_granularity == "full" else None,
-            num_layers=m.recompute_num_layers if m.recompute_granularity == "full" else None,
-            modules=(list(m.recompute_modules) if m.recompute_modules is not None
-                     and m.recompute_granularity == "selective" else None)),
-        dispatcher=Dispatcher(
-            type=m.moe_token_dispatcher_type if moe else None,
-            backend=(m.moe_flex_dispatcher_backend
-                     if moe and m.moe_token_dispatcher_type == "flex" else None)),
-        overlap=Overlap(
-            tp_comm_overlap=ov.tp_comm_overlap,
-            overlap_moe_expert_parallel_comm=ov.overlap_moe_expert_parallel_comm,
-            delay_wgrad_compute=ov.delay_wgrad_compute,
-            moe_shared_expert_overlap=m.moe_shared_expert_overlap,
-            overlap_grad_reduce=(ov.overlap_grad_reduce if ov.overlap_grad_reduce is not None
-                                 else cfg.ddp.overlap_grad_reduce),
-            overlap_param_gather=(ov.overlap_param_gather if ov.overlap_param_gather is not None
-                                  else cfg.ddp.overlap_param_gather),
-            overlap_p2p_comm=ov.overlap_p2p_comm),
-        cuda_graphs=CudaGraphs(
-            impl=m.cuda_graph_impl,
-            modules=list(graph_modules) if graph_modules and m.cuda_graph_impl != "none" else None,
-            warmup_steps=m.cuda_graph_warmup_steps),
-        offload=Offload(
-            cpu_offloading=m.cpu_offloading,
-            cpu_offloading_num_layers=m.cpu_offloading_num_layers if m.cpu_offloading else 0,
-            fine_grained_activation_offloading=m.fine_grained_activation_offloading,
-            offload_modules=list(m.offload_modules) if m.offload_modules else None),
-        kernels=Kernels(
-            transformer_impl=m.transformer_impl, attention_backend=str(m.attention_backend),
-            moe_grouped_gemm=m.moe_grouped_gemm and moe,
-            moe_permute_fusion=m.moe_permute_fusion and moe,
-            apply_rope_fusion=m.apply_rope_fusion,
-            cross_entropy_loss_fusion=m.cross_entropy_loss_fusion,
-            gradient_accumulation_fusion=m.gradient_accumulation_fusion),
+        precision=_precision(cfg, d.precision),
+        recompute=_recompute(m),
+        dispatcher=_dispatcher(m, moe),
+        overlap=_overlap(cfg),
+        cuda_graphs=_cuda_graphs(m),
+        offload=_offload(m),
+        kernels=_kernels(m, moe),
         window=Window(start=window[0], end=window[1], steps=cfg.train.train_iters),
         label=label,
         label_reasons=reasons,

@@ -223,11 +223,8 @@ def _grouped(words: list[str]) -> Iterator[str]:
             i += 1
 
 
-def render_script(cfg: TrainingConfig, profile: ClusterProfile, *, run_id: str, log_path: str,
-                  recipe: str | None = None, steps: int = 50) -> str:
-    """A Slurm batch script (also runnable with plain bash) for one benchmark run.
-
-    Raises ValueError for a run id, log path, step count or config the launcher cannot take."""
+def _check_run(run_id: str, log_path: str, steps: int) -> None:
+    """Refuse a run id, log path or step count that cannot land safely in the script."""
     if not _RUN_ID.fullmatch(run_id):
         raise ValueError(f"run_id {run_id!r}: use 1-64 letters, digits, '_' or '-'")
     if not log_path or any(ord(c) < 32 or ord(c) == 127 for c in log_path):
@@ -235,11 +232,12 @@ def render_script(cfg: TrainingConfig, profile: ClusterProfile, *, run_id: str, 
                          "characters")
     if not 1 <= steps <= _MAX_STEPS:
         raise ValueError(f"steps must be between 1 and {_MAX_STEPS}, got {steps}")
-    nodes = _nodes(cfg, profile)
-    nproc = profile.procs_per_node
-    train_cmd = _training_command(cfg, profile, recipe, steps)
-    env = job_env(cfg, profile)
 
+
+def _sbatch_header(profile: ClusterProfile, *, run_id: str, log_path: str,
+                   nodes: int) -> list[str]:
+    """The shebang and ``#SBATCH`` lines (comments to bash); values are plain names from the
+    profile, and the log path only when it is a plain path."""
     head = ["#!/bin/bash", f"#SBATCH --job-name={slurm_job_name(run_id)}",
             f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
             f"#SBATCH --time={profile.time_limit}"]
@@ -256,7 +254,13 @@ def render_script(cfg: TrainingConfig, profile: ClusterProfile, *, run_id: str, 
     if _PLAIN_PATH.fullmatch(log_path):
         head.append(f"#SBATCH --output={log_path}")
     head += [f"#SBATCH {arg}" for arg in profile.sbatch_args]
+    return head
 
+
+def _preamble(profile: ClusterProfile, *, run_id: str, log_path: str, steps: int,
+              env: dict[str, str]) -> list[str]:
+    """Shell options, the exit-status trap the local executor reads, the environment, the
+    working directory and the profile's setup lines."""
     body = [
         "#",
         f"# mbridge-perf benchmark run {run_id} (profile {profile.name}, launcher "
@@ -282,7 +286,11 @@ def render_script(cfg: TrainingConfig, profile: ClusterProfile, *, run_id: str, 
         body += ["", f"cd -- {q(profile.workdir)} || exit 2"]
     if profile.setup:
         body += ["", "# setup lines from the profile (trusted)", *profile.setup]
+    return body
 
+
+def _srun_words(profile: ClusterProfile) -> list[str]:
+    """The srun prefix under Slurm (one task per node, pyxis container flags when set)."""
     srun = ["srun", '--nodes="$nnodes"', "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     if profile.container_image:
         srun.append(q(f"--container-image={profile.container_image}"))
@@ -290,7 +298,13 @@ def render_script(cfg: TrainingConfig, profile: ClusterProfile, *, run_id: str, 
             srun.append(q("--container-mounts=" + ",".join(profile.container_mounts)))
         srun.append("--no-container-mount-home")
     srun += [q(a) for a in profile.srun_args]
-    body += [
+    return srun
+
+
+def _launch_block(profile: ClusterProfile, nodes: int) -> list[str]:
+    """The launcher prefix and rendezvous: srun plus multi-node c10d under Slurm; under plain
+    bash a standalone torchrun, or a refusal when the run needs a container or several nodes."""
+    body = [
         "",
         "# launch: torchrun per node (via srun under Slurm, directly under bash)",
         "launch=()",
@@ -302,7 +316,7 @@ def render_script(cfg: TrainingConfig, profile: ClusterProfile, *, run_id: str, 
         '    rdzv=(--nnodes="$nnodes" --rdzv-backend=c10d '
         f'--rdzv-endpoint="$head_node:{profile.master_port}" --rdzv-id="$SLURM_JOB_ID")',
         "  fi",
-        "  launch=(" + " ".join(srun) + ")",
+        "  launch=(" + " ".join(_srun_words(profile)) + ")",
     ]
     local_refusal = []
     if profile.container_image:
@@ -313,18 +327,35 @@ def render_script(cfg: TrainingConfig, profile: ClusterProfile, *, run_id: str, 
         why = " and ".join(local_refusal)
         body += ["else", f"  echo {q(f'mbridge-perf: {why}: submit it through Slurm')} >&2",
                  "  exit 2"]
-    body += [
-        "fi",
+    body.append("fi")
+    return body
+
+
+def _command_block(profile: ClusterProfile, train_cmd: list[str]) -> list[str]:
+    """The torchrun command (one option per line), echoed quoted, then run."""
+    return [
         "cmd=(" + " ".join(q(w) for w in profile.torchrun) + ' "${rdzv[@]}" '
-        + q(f"--nproc_per_node={nproc}"),
+        + q(f"--nproc_per_node={profile.procs_per_node}"),
         *("  " + line for line in _grouped(train_cmd)),
         ")",
-    ]
-    body += [
         "printf 'mbridge-perf: launching:'",
         "printf ' %q' \"${launch[@]}\" \"${cmd[@]}\"",
         "echo",
         '"${launch[@]}" "${cmd[@]}"',
         "",
     ]
+
+
+def render_script(cfg: TrainingConfig, profile: ClusterProfile, *, run_id: str, log_path: str,
+                  recipe: str | None = None, steps: int = 50) -> str:
+    """A Slurm batch script (also runnable with plain bash) for one benchmark run.
+
+    Raises ValueError for a run id, log path, step count or config the launcher cannot take."""
+    _check_run(run_id, log_path, steps)
+    nodes = _nodes(cfg, profile)
+    train_cmd = _training_command(cfg, profile, recipe, steps)
+    env = job_env(cfg, profile)
+    head = _sbatch_header(profile, run_id=run_id, log_path=log_path, nodes=nodes)
+    body = [*_preamble(profile, run_id=run_id, log_path=log_path, steps=steps, env=env),
+            *_launch_block(profile, nodes), *_command_block(profile, train_cmd)]
     return "\n".join(head + body)

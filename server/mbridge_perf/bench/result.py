@@ -15,6 +15,7 @@ import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -282,99 +283,151 @@ def _precision_from_recipe(resolved: dict[str, list[str]],
     return out
 
 
+@dataclass
+class _Probe:
+    """What a feature check reads: the log, the config values (resolved first, else printed)
+    and the contradictions found so far (fallback lines of the feature's family)."""
+
+    feature: str
+    family: str
+    parsed: ParsedLog
+    findings: list[LogFinding]
+    resolved: dict[str, list[str]]
+    logged: dict[str, list[str]]
+    source: str
+    against: list[str]
+    window_start: int
+
+    def config(self, key: str) -> list[str]:
+        return _values(key, self.resolved, self.logged)
+
+    def answer(self, evidenced: bool, evidence: list[str], detail: str) -> FeatureEvidence:
+        return FeatureEvidence(feature=self.feature, evidenced=evidenced, evidence=evidence,
+                               against=self.against, detail=detail)
+
+
 def _feature(feature: str, parsed: ParsedLog, resolved: dict[str, list[str]],
              window_start: int) -> FeatureEvidence:
-    logged = parsed.config
+    """Evidence for or against one requested feature: fallback lines that negate its family,
+    then the check of its family (CUDA graphs, dispatcher, FP8/FP4, an on/off switch)."""
     findings = parsed.findings
     family = ("flex" if feature.startswith("flex") else
               "ep_overlap" if feature == "ep_overlap" else feature)
-    against = [f"{f.id}: {f.line}" for f in findings
-               if f.kind == "fallback" and family in f.negates]
-    evidence: list[str] = []
-    source = "resolved config" if resolved else "printed config"
-
-    def config(key: str) -> list[str]:
-        return _values(key, resolved, logged)
-
+    probe = _Probe(
+        feature=feature, family=family, parsed=parsed, findings=findings, resolved=resolved,
+        logged=parsed.config, source="resolved config" if resolved else "printed config",
+        against=[f"{f.id}: {f.line}" for f in findings
+                 if f.kind == "fallback" and family in f.negates],
+        window_start=window_start)
     if feature == "cuda_graph":
-        impl = [v for v in config("cuda_graph_impl") if v not in _OFF]
-        if impl:
-            evidence.append(f"{source}: cuda_graph_impl={impl[-1]}")
-        captures = [f for f in findings if f.kind == "capture"]
-        if not captures:
-            return FeatureEvidence(
-                feature=feature, evidenced=False, evidence=evidence, against=against,
-                detail="no graph-capture line ('Creating N CUDA graphs' / '> built N cuda "
-                       "graph(s) in …') in the log: nothing shows the graphs were captured")
-        first = min(captures, key=lambda f: f.after_rows)
-        evidence += [f"{f.id}: {f.line}" for f in captures]
-        before = parsed.row_iteration(first.after_rows - 1) if first.after_rows else None
-        capture_it = (before or 0) + 1
-        after = parsed.iteration_lines - first.after_rows
-        if after < 1:
-            return FeatureEvidence(
-                feature=feature, evidenced=False, evidence=evidence, against=against,
-                detail="graphs were captured but no iteration ran after the capture: no "
-                       "evidence that they were replayed")
-        if capture_it >= window_start:
-            return FeatureEvidence(
-                feature=feature, evidenced=False, evidence=evidence, against=against,
-                detail=f"graphs were captured during iteration ~{capture_it}, inside the window "
-                       f"(starts at {window_start}): the capture step is timed; start the "
-                       "window later")
-        evidence.append(f"{after} iteration line(s) after the capture (Megatron-Core replays "
-                        "captured graphs on every later step)")
-        return FeatureEvidence(
-            feature=feature, evidenced=not against, evidence=evidence, against=against,
-            detail=f"captured during iteration ~{capture_it}, before the window; "
-                   f"{after} iterations ran after it")
+        return _cuda_graph_evidence(probe)
     if family == "flex" or feature.startswith("dispatcher:"):
-        want_type = "flex" if family == "flex" else feature.split(":", 1)[1]
-        want_backend = feature.split(":", 1)[1] if feature.startswith("flex:") else None
-        types = config("moe_token_dispatcher_type")
-        backends = config("moe_flex_dispatcher_backend")
-        if want_type in types:
-            evidence.append(f"{source}: moe_token_dispatcher_type={want_type}")
-        ok = want_type in types
-        if family == "flex":
-            if backends and all(b in _OFF for b in backends):
-                against.append("moe_flex_dispatcher_backend is null: Bridge silently resets flex "
-                               "to alltoall (I2)")
-            if want_backend:
-                ok = ok and want_backend in backends
-                if want_backend in backends:
-                    evidence.append(f"{source}: moe_flex_dispatcher_backend={want_backend}")
-                elif backends:
-                    against.append(f"{source}: moe_flex_dispatcher_backend={backends[-1]}")
-        if types and want_type not in types:
-            against.append(f"{source}: moe_token_dispatcher_type={types[-1]}")
-        return _decide(feature, ok, evidence, against)
+        return _dispatcher_evidence(probe)
     if feature.startswith(("fp8", "fp4")):
-        kind = feature[:3]
-        from_recipe = _precision_from_recipe(resolved, logged)
-        on = [v for v in config(kind) if v not in _OFF] + (
-            [from_recipe[kind]] if kind in from_recipe else [])
-        ok = bool(on)
-        if on:
-            evidence.append(f"{source}: {kind}={on[-1]}")
-        if ":" in feature:
-            want = feature.split(":", 1)[1]
-            recipes = config(f"{kind}_recipe") + (
-                [from_recipe[f"{kind}_recipe"]] if f"{kind}_recipe" in from_recipe else [])
-            ok = ok and want in recipes
-            if want in recipes:
-                evidence.append(f"{source}: {kind}_recipe={want}")
-            elif recipes:
-                against.append(f"{source}: {kind}_recipe={recipes[-1]}")
-        return _decide(feature, ok, evidence, against)
-    key = {"ep_overlap": "overlap_moe_expert_parallel_comm"}.get(feature, feature)
-    vals = config(key)
+        return _low_precision_evidence(probe)
+    return _switch_evidence(probe)
+
+
+def _cuda_graph_evidence(probe: _Probe) -> FeatureEvidence:
+    """A graph-capture line before the window with iteration lines after it: the config alone
+    does not show that graphs were captured, and a capture inside the window is timed."""
+    evidence: list[str] = []
+    impl = [v for v in probe.config("cuda_graph_impl") if v not in _OFF]
+    if impl:
+        evidence.append(f"{probe.source}: cuda_graph_impl={impl[-1]}")
+    captures = [f for f in probe.findings if f.kind == "capture"]
+    if not captures:
+        return probe.answer(
+            False, evidence,
+            "no graph-capture line ('Creating N CUDA graphs' / '> built N cuda "
+            "graph(s) in …') in the log: nothing shows the graphs were captured")
+    first = min(captures, key=lambda f: f.after_rows)
+    evidence += [f"{f.id}: {f.line}" for f in captures]
+    parsed = probe.parsed
+    before = parsed.row_iteration(first.after_rows - 1) if first.after_rows else None
+    capture_it = (before or 0) + 1
+    after = parsed.iteration_lines - first.after_rows
+    if after < 1:
+        return probe.answer(
+            False, evidence,
+            "graphs were captured but no iteration ran after the capture: no "
+            "evidence that they were replayed")
+    if capture_it >= probe.window_start:
+        return probe.answer(
+            False, evidence,
+            f"graphs were captured during iteration ~{capture_it}, inside the window "
+            f"(starts at {probe.window_start}): the capture step is timed; start the "
+            "window later")
+    evidence.append(f"{after} iteration line(s) after the capture (Megatron-Core replays "
+                    "captured graphs on every later step)")
+    return probe.answer(
+        not probe.against, evidence,
+        f"captured during iteration ~{capture_it}, before the window; "
+        f"{after} iterations ran after it")
+
+
+def _dispatcher_evidence(probe: _Probe) -> FeatureEvidence:
+    """The token dispatcher type (and flex backend) in the config; a null flex backend is a
+    contradiction because Bridge silently resets flex to alltoall."""
+    feature, source, against = probe.feature, probe.source, probe.against
+    evidence: list[str] = []
+    want_type = "flex" if probe.family == "flex" else feature.split(":", 1)[1]
+    want_backend = feature.split(":", 1)[1] if feature.startswith("flex:") else None
+    types = probe.config("moe_token_dispatcher_type")
+    backends = probe.config("moe_flex_dispatcher_backend")
+    if want_type in types:
+        evidence.append(f"{source}: moe_token_dispatcher_type={want_type}")
+    ok = want_type in types
+    if probe.family == "flex":
+        if backends and all(b in _OFF for b in backends):
+            against.append("moe_flex_dispatcher_backend is null: Bridge silently resets flex "
+                           "to alltoall (I2)")
+        if want_backend:
+            ok = ok and want_backend in backends
+            if want_backend in backends:
+                evidence.append(f"{source}: moe_flex_dispatcher_backend={want_backend}")
+            elif backends:
+                against.append(f"{source}: moe_flex_dispatcher_backend={backends[-1]}")
+    if types and want_type not in types:
+        against.append(f"{source}: moe_token_dispatcher_type={types[-1]}")
+    return _decide(feature, ok, evidence, against)
+
+
+def _low_precision_evidence(probe: _Probe) -> FeatureEvidence:
+    """FP8 / FP4 on in the config or through a named mixed-precision recipe, and the scaling
+    recipe when the feature names one."""
+    feature, source, against = probe.feature, probe.source, probe.against
+    evidence: list[str] = []
+    kind = feature[:3]
+    from_recipe = _precision_from_recipe(probe.resolved, probe.logged)
+    on = [v for v in probe.config(kind) if v not in _OFF] + (
+        [from_recipe[kind]] if kind in from_recipe else [])
+    ok = bool(on)
+    if on:
+        evidence.append(f"{source}: {kind}={on[-1]}")
+    if ":" in feature:
+        want = feature.split(":", 1)[1]
+        recipes = probe.config(f"{kind}_recipe") + (
+            [from_recipe[f"{kind}_recipe"]] if f"{kind}_recipe" in from_recipe else [])
+        ok = ok and want in recipes
+        if want in recipes:
+            evidence.append(f"{source}: {kind}_recipe={want}")
+        elif recipes:
+            against.append(f"{source}: {kind}_recipe={recipes[-1]}")
+    return _decide(feature, ok, evidence, against)
+
+
+def _switch_evidence(probe: _Probe) -> FeatureEvidence:
+    """An on/off switch (overlaps, delayed wgrad) printed as true in the config."""
+    evidence: list[str] = []
+    key = {"ep_overlap": "overlap_moe_expert_parallel_comm"}.get(probe.feature, probe.feature)
+    vals = probe.config(key)
     ok = any(v in _ON for v in vals)
     if ok:
-        evidence.append(f"{source}: {key}=true")
+        evidence.append(f"{probe.source}: {key}=true")
     elif vals:
-        against.append(f"{source}: {key}={vals[-1]}")
-    return _decide(feature, ok, evidence, against)
+        probe.against.append(f"{probe.source}: {key}={vals[-1]}")
+    return _decide(probe.feature, ok, evidence, probe.against)
 
 
 def _decide(feature: str, positive: bool, evidence: list[str],
@@ -441,6 +494,84 @@ def _window_gate(rows: list[Iteration], start: int, end: int,
     return True, (f"iterations {start}-{end} logged" + (f" (every {k})" if k > 1 else ""))
 
 
+def _check_evaluate_args(start: int, end: int, regression_pct: float,
+                         golden_tflops: float | None, sizes: dict[str, int | None]) -> None:
+    """Refuse a window, threshold, golden value or shape that cannot be judged."""
+    if not (1 <= start <= end):
+        raise ValueError(f"window {start}-{end}: need 1 <= start <= end (1-based iterations)")
+    if regression_pct <= 0:
+        raise ValueError("regression_pct must be > 0")
+    if golden_tflops is not None and not golden_tflops > 0:
+        raise ValueError("golden_tflops must be > 0")
+    for name, v in sizes.items():
+        if v is not None and v < 1:
+            raise ValueError(f"{name} must be >= 1")
+
+
+def _run_gates(rows: list[Iteration], last: Iteration | None, completed: bool,
+               max_it: int | None, interval: int | None, start: int,
+               end: int) -> tuple[list[Gate], bool]:
+    """Gates 1-3: the run finished, ran enough steps and logged the whole window; also whether
+    the window is usable at all (the steps ran and were logged)."""
+    gates: list[Gate] = []
+    if completed:
+        how = (f"iteration {last.iteration}/{last.total} reached" if last is not None and
+               last.iteration >= last.total else "an exit marker was printed")
+        gates.append(Gate(name="completed", passed=True, detail=how))
+    else:
+        gates.append(Gate(name="completed", passed=False, detail=(
+            "the log ends at iteration " + (f"{last.iteration}/{last.total}" if last else "0")
+            + " with no exit marker")))
+    ran = max_it or 0
+    steps_ok = ran >= end
+    gates.append(Gate(name="steps", passed=steps_ok,
+                      detail=f"{ran} iteration(s) ran; the window needs {end}"))
+    if steps_ok:
+        ok, detail = _window_gate(rows, start, end, interval)
+    else:
+        ok, detail = False, f"iteration {end} was never reached"
+    gates.append(Gate(name="window_logged", passed=ok, detail=detail))
+    return gates, steps_ok and ok
+
+
+def _numeric_gates(rows: list[Iteration]) -> tuple[list[Gate], int, int]:
+    """Gates 4-6 inside the window: finite losses, no skipped and no NaN iterations; also the
+    window's skipped and NaN sums."""
+    bad = _nonfinite(rows)
+    skipped = sum(r.skipped_iterations for r in rows)
+    nans = sum(r.nan_iterations for r in rows)
+    gates = [
+        Gate(name="loss_finite", passed=not bad and bool(rows), detail=(
+            "; ".join(bad[:10]) if bad
+            else "every window loss and grad norm is finite" if rows else "no window iteration")),
+        Gate(name="no_skipped_iterations", passed=skipped == 0,
+             detail=f"{skipped} skipped iteration(s) summed over the window"),
+        Gate(name="no_nan_iterations", passed=nans == 0,
+             detail=f"{nans} NaN iteration(s) summed over the window"),
+    ]
+    return gates, skipped, nans
+
+
+def _run_notes(parsed: ParsedLog, outcome: Outcome, completed: bool, end: int) -> list[str]:
+    """Caveats a reader needs besides the gates: an error despite completion, a screening
+    window, restarts, unreadable lines, a cut-off last line."""
+    notes: list[str] = []
+    if outcome in ("oom", "timeout", "flaky", "config_error", "failed") and completed:
+        notes.append("an error line was printed although the run completed")
+    if end < MIN_FINAL_STEPS:
+        notes.append(f"screening measurement: the window ends at {end} < {MIN_FINAL_STEPS}; a "
+                     "final measurement needs >= 50 steps with window 41-50")
+    if parsed.restarts:
+        notes.append(f"the iteration number went backwards {parsed.restarts} time(s) (resume or "
+                     "a second run in one log); the last occurrence of each iteration is used")
+    if parsed.malformed:
+        notes.append(f"{parsed.malformed} iteration line(s) could not be read (broken by another "
+                     f"rank's output?): {parsed.malformed_examples[0]}")
+    if parsed.truncated_tail:
+        notes.append(f"the log ends mid-line: {parsed.truncated_tail!r}")
+    return notes
+
+
 def evaluate(
     parsed: ParsedLog,
     *,
@@ -459,95 +590,39 @@ def evaluate(
     the log; ``exit_code`` (from the scheduler) refines the outcome of a run that did not
     finish (9 = OOM-killed, 143 = SIGTERM). Raises ValueError for bad arguments."""
     start, end = window
-    if not (1 <= start <= end):
-        raise ValueError(f"window {start}-{end}: need 1 <= start <= end (1-based iterations)")
-    if regression_pct <= 0:
-        raise ValueError("regression_pct must be > 0")
-    if golden_tflops is not None and not golden_tflops > 0:
-        raise ValueError("golden_tflops must be > 0")
-    for name, v in (("num_gpus", num_gpus), ("seq_length", seq_length),
-                    ("global_batch_size", global_batch_size)):
-        if v is not None and v < 1:
-            raise ValueError(f"{name} must be >= 1")
+    _check_evaluate_args(start, end, regression_pct, golden_tflops, {
+        "num_gpus": num_gpus, "seq_length": seq_length, "global_batch_size": global_batch_size})
     features = list(dict.fromkeys(canonical_feature(f) for f in requested_features))
 
     rows = parsed.window(start, end)
     findings = parsed.findings
-    notes: list[str] = []
-    gates: list[Gate] = []
     max_it = parsed.max_iteration
     last = parsed.last_row()
     completed = parsed.completed
     interval = parsed.log_interval
-
-    # 1. the run finished
-    if completed:
-        how = (f"iteration {last.iteration}/{last.total} reached" if last is not None and
-               last.iteration >= last.total else "an exit marker was printed")
-        gates.append(Gate(name="completed", passed=True, detail=how))
-    else:
-        gates.append(Gate(name="completed", passed=False, detail=(
-            "the log ends at iteration " + (f"{last.iteration}/{last.total}" if last else "0")
-            + " with no exit marker")))
-    # 2. enough steps for the window
-    ran = max_it or 0
-    steps_ok = ran >= end
-    gates.append(Gate(name="steps", passed=steps_ok,
-                      detail=f"{ran} iteration(s) ran; the window needs {end}"))
-    # 3. the window is logged
-    if steps_ok:
-        ok, detail = _window_gate(rows, start, end, interval)
-    else:
-        ok, detail = False, f"iteration {end} was never reached"
-    gates.append(Gate(name="window_logged", passed=ok, detail=detail))
-    window_ok = steps_ok and ok
-    # 4-6. numerics inside the window
-    bad = _nonfinite(rows)
-    gates.append(Gate(name="loss_finite", passed=not bad and bool(rows), detail=(
-        "; ".join(bad[:10]) if bad
-        else "every window loss and grad norm is finite" if rows else "no window iteration")))
-    skipped = sum(r.skipped_iterations for r in rows)
-    nans = sum(r.nan_iterations for r in rows)
-    gates.append(Gate(name="no_skipped_iterations", passed=skipped == 0,
-                      detail=f"{skipped} skipped iteration(s) summed over the window"))
-    gates.append(Gate(name="no_nan_iterations", passed=nans == 0,
-                      detail=f"{nans} NaN iteration(s) summed over the window"))
-    # 7. requested features
+    gates, window_ok = _run_gates(rows, last, completed, max_it, interval, start, end)
+    numeric, skipped, nans = _numeric_gates(rows)
+    gates += numeric
     resolved = _flatten_config(resolved_config)
     evidence = [_feature(f, parsed, resolved, start) for f in features]
-    for ev in evidence:
-        gates.append(Gate(name=f"feature:{ev.feature}", passed=ev.evidenced, detail=ev.detail))
+    gates += [Gate(name=f"feature:{ev.feature}", passed=ev.evidenced, detail=ev.detail)
+              for ev in evidence]
 
-    # metrics
+    notes: list[str] = []
     per_step, metrics = _metrics(parsed, rows, seq_length, global_batch_size, num_gpus, notes)
     metrics.skipped_iterations, metrics.nan_iterations = skipped, nans
     memory, mem_note = _memory_peak(parsed.memory)
     if mem_note:
         notes.append(mem_note)
-    regression = None
-    if golden_tflops is not None:
-        regression = _regression(metrics, golden_tflops, regression_pct)
-
-    valid = all(g.passed for g in gates)
+    regression = (None if golden_tflops is None
+                  else _regression(metrics, golden_tflops, regression_pct))
     errors = [f for f in findings if f.kind == "error"]
     outcome = _outcome(completed, window_ok, gates, errors, rows, regression, exit_code,
                        parsed)
-    if outcome in ("oom", "timeout", "flaky", "config_error", "failed") and completed:
-        notes.append("an error line was printed although the run completed")
-    if end < MIN_FINAL_STEPS:
-        notes.append(f"screening measurement: the window ends at {end} < {MIN_FINAL_STEPS}; a "
-                     "final measurement needs >= 50 steps with window 41-50")
-    if parsed.restarts:
-        notes.append(f"the iteration number went backwards {parsed.restarts} time(s) (resume or "
-                     "a second run in one log); the last occurrence of each iteration is used")
-    if parsed.malformed:
-        notes.append(f"{parsed.malformed} iteration line(s) could not be read (broken by another "
-                     f"rank's output?): {parsed.malformed_examples[0]}")
-    if parsed.truncated_tail:
-        notes.append(f"the log ends mid-line: {parsed.truncated_tail!r}")
-    excerpt = _excerpt(errors, outcome)
+    notes += _run_notes(parsed, outcome, completed, end)
     return BenchmarkResult(
-        outcome=outcome, outcome_meaning=OUTCOME_MEANING[outcome], valid=valid,
+        outcome=outcome, outcome_meaning=OUTCOME_MEANING[outcome],
+        valid=all(g.passed for g in gates),
         measurement="screening" if end < MIN_FINAL_STEPS else "final",
         window_start=start, window_end=end, steps_completed=max_it,
         steps_requested=last.total if last else None, iteration_lines=parsed.iteration_lines,
@@ -555,7 +630,8 @@ def evaluate(
         theoretical_memory=parsed.theoretical, regression=regression, features=evidence,
         fallbacks=[f for f in findings if f.kind == "fallback"],
         warnings=[f for f in findings if f.kind == "warning"], errors=errors,
-        error_excerpt=excerpt, per_step=per_step, notes=notes, source=parsed.source)
+        error_excerpt=_excerpt(errors, outcome), per_step=per_step, notes=notes,
+        source=parsed.source)
 
 
 def _nonfinite(rows: list[Iteration]) -> list[str]:

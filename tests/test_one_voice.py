@@ -9,9 +9,9 @@ import re
 import pytest
 from mcp import Client
 
+from mbridge_perf.config.derived import Derived
 from mbridge_perf.config.load import load_config
 from mbridge_perf.rules import validate
-from mbridge_perf.rules.recompute import first_selective_modules
 from mbridge_perf.server import build_server
 from mbridge_perf.skillpack.pack import get_skill
 
@@ -78,15 +78,22 @@ def test_the_validator_never_tells_the_seed_case_to_add_core_attn() -> None:
     assert "recompute.core-attn-fused" in ids
 
 
+def first_selective_modules(cfg) -> list[str]:
+    return Derived(cfg).first_selective_modules()
+
+
 def test_first_module_follows_the_architecture() -> None:
-    dense = _seed().model
-    unfused = _seed(b="model.attention_backend=unfused").model
-    mla = load_config(preset="deepseek-v3").model
-    moe = load_config(preset="qwen3-30b-a3b", overrides=["model.moe_grouped_gemm=true"]).model
+    bf16 = "mixed_precision=bf16_mixed"
+    dense = _seed()
+    unfused = _seed(b="model.attention_backend=unfused")
+    mla = load_config(preset="deepseek-v3", overrides=[bf16])
+    moe = load_config(preset="qwen3-30b-a3b", overrides=["model.moe_grouped_gemm=true", bf16])
     assert first_selective_modules(dense) == ["layernorm"]
     assert first_selective_modules(unfused) == ["core_attn"]
     assert first_selective_modules(mla)[0] == "mla_up_proj"
     assert first_selective_modules(moe) == ["moe_act"]
+    # FP32: Transformer Engine falls back to unfused attention, so core_attn comes first
+    assert first_selective_modules(load_config(preset="deepseek-v3"))[0] == "core_attn"
 
 
 @pytest.mark.anyio

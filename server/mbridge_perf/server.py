@@ -19,7 +19,9 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from mbridge_perf import __version__
+from mbridge_perf.config.derived import Derived, resolved_lines
 from mbridge_perf.config.errors import ConfigError, type_problem
+from mbridge_perf.config.load import load_config
 from mbridge_perf.server_tools import TOOLS
 from mbridge_perf.skillpack.pack import CARD_FILE, SKILL_FILE, Skill, find_pack_root, list_skills
 
@@ -202,6 +204,7 @@ def _checklist_prompt(skill: Skill, tools: list[str]) -> Callable[..., str]:
                          "by hand; then validate_config on the layout you pick.")
         if config.strip():
             parts.append(f"Training config:\n```yaml\n{config.strip()}\n```")
+            parts += _reading(config)
             parts.append(f"Call {calls} with this config (as config.bridge_config) before "
                          "recommending anything, and quote the findings you rely on.")
         parts.append("Answer in this order, the skill's first-answer checklist:\n" + steps)
@@ -210,6 +213,17 @@ def _checklist_prompt(skill: Skill, tools: list[str]) -> Callable[..., str]:
         return "\n\n".join(parts)
 
     return render
+
+
+def _reading(config: str) -> list[str]:
+    """The config as every tool reads it (the resolved view), so the assistant starts from
+    the same first selective modules, attention and graph scope; nothing when it does not load
+    (the tool calls the prompt asks for then say why)."""
+    try:
+        d = Derived(load_config(text=config))
+    except (ConfigError, ValueError):
+        return []
+    return ["How the tools read this config:\n" + "\n".join(resolved_lines(d))]
 
 
 def _register_prompts(server: MCPServer, skills: list[Skill], tools: list[str]) -> None:

@@ -448,3 +448,31 @@ class Derived:
 def derive(cfg: TrainingConfig, baseline: TrainingConfig | None = None,
            mcore_version: str | None = None) -> Derived:
     return Derived(cfg, baseline, mcore_facts(mcore_version))
+
+
+def resolved_lines(d: Derived) -> list[str]:
+    """What the config means as Megatron-Core reads it, in a few lines for a reader (the
+    prompts hand them to the assistant with the config, so it starts from the same reading as
+    every tool)."""
+    r, g = d.recompute, d.graphs
+    if r.granularity == "selective":
+        now = f"selective over {', '.join(r.selective) or 'no modules'} (as set)"
+    elif r.granularity == "full":
+        now = f"full ({r.method}, recompute_num_layers={r.num_layers})"
+    else:
+        now = "none"
+    attn = ("fused / flash (Transformer Engine): core_attn recompute frees about 0"
+            if d.fused_attention else "unfused: the s² scores are kept, core_attn recompute "
+                                      "drops them")
+    if g.te_scopes is not None:
+        graphs = (f"per-layer Transformer Engine graphs of {list(g.te_scopes) or 'whole layers'}")
+    elif g.on:
+        graphs = g.describe() + (" (full iteration)" if g.full_iteration else "")
+    else:
+        graphs = "none"
+    sizes = (f"TP{d.tp} PP{d.pp} VPP{d.vpp} CP{d.cp} EP{d.ep} ETP{d.etp} DP{d.dp}"
+             + (f" on {d.world_size} GPUs ({d.world_source})" if d.world_size else ""))
+    first = ", ".join(d.first_selective_modules())
+    return [f"- Parallel sizes: {sizes}", f"- Recompute in effect: {now}",
+            f"- Attention: {attn}", f"- CUDA graphs: {graphs}",
+            f"- First selective modules for this architecture: recompute_modules=[{first}]"]

@@ -40,10 +40,10 @@ from mbridge_perf.memory.activations import (
     layer_terms,
 )
 from mbridge_perf.memory.graphs import (
-    SHARED_GRAD_OUTPUTS,
     graph_pool_gib,
-    graphed,
-    static_input_bytes,
+    graph_vectors,
+    graphed_assumption,
+    graphed_state,
 )
 from mbridge_perf.memory.params import padded_vocab_size
 from mbridge_perf.memory.pipeline import in_flight
@@ -234,14 +234,9 @@ class _Kinds:
         key = (scopes, seq_length)
         hit = self._graphed.get(key)
         if hit is None:
-            bf16, fp8, inputs = [], [], []
-            for kind, (mixer, mlp) in enumerate(self.kinds):
-                names, graphed_layer, attn = graphed(mixer, mlp, scopes)
-                for out, on in ((bf16, False), (fp8, True)):
-                    terms = self.get(kind, on and self.c.fp8_bytes > 0)[1]
-                    out.append(sum(v for k, v in terms.items() if k in names))
-                inputs.append(static_input_bytes(self.c, graphed_layer, attn, seq_length))
-            hit = self._graphed[key] = (bf16, fp8, inputs)
+            hit = self._graphed[key] = graph_vectors(
+                self.c, self.kinds, lambda kind, fp8: self.get(kind, fp8)[1], scopes,
+                seq_length)
         return hit
 
     def working_set(self, kind: int) -> float:
@@ -811,7 +806,7 @@ def _stages(s: _Setup, t: _Terms) -> tuple[list[StageMemory], int, float]:
         peak = fb if fb >= step else step
         graph_peak = graph_step = None
         if s.graphs is not None:
-            graph_fb, graph_step = _graphed_state(s, fb, step, held, graph_bytes)
+            graph_fb, graph_step = graphed_state(s.c, fb, step, held, graph_bytes)
             graph_peak = max(graph_fb, graph_step)
             if graph_peak > peak:
                 peak = graph_peak
@@ -847,25 +842,6 @@ def _stages(s: _Setup, t: _Terms) -> tuple[list[StageMemory], int, float]:
         _setattr(stage, "__pydantic_private__", None)
         stages.append(stage)
     return stages, best, best_peak
-
-
-def _graphed_state(s: _Setup, fb: float, step: float, held: tuple[Any, ...],
-                   graph_bytes: Any) -> tuple[float, float]:
-    """Forward/backward and optimizer-step bytes of a stage once its per-layer TE graphs replay
-    (memory.graphs): the graphed modules' saved tensors leave the allocated count for the graph
-    pool; the graphs' static inputs stay allocated, one set per graphed layer-micro-batch in
-    flight (shared across micro-batches that do not overlap), plus the shared static
-    output-gradient buffer, through the optimizer step too."""
-    c = s.c
-    pooled_bf16, pooled_fp8, inputs = graph_bytes
-    pooled = 0.0
-    buffers = 0.0
-    for k, w8, w16 in held:
-        pooled += w8 * pooled_fp8[k] + w16 * pooled_bf16[k]
-        buffers += (w8 + w16) * inputs[k]
-    if buffers:
-        buffers += SHARED_GRAD_OUTPUTS * c.e * c.n / c.tsp * c.h
-    return fb - pooled + buffers, step + buffers
 
 
 def steady_peak_gib(report: MemoryReport) -> float:
@@ -943,12 +919,7 @@ def _config_notes(s: _Setup, f: _Fit) -> tuple[tuple[str, ...], tuple[str, ...],
         nm: list[str] = []
         _notes(cfg, s.d, c, shape, f.expandable, f.band_source, f.context_c, w, a, nm)
         if s.graphs is not None:
-            a.append("per-layer Transformer Engine CUDA graphs ("
-                     + (", ".join(s.graphs) or "whole layers") + "): the peak is the larger of "
-                     "the eager warm-up iterations and the graphed steady state, where the "
-                     "graphed modules' saved tensors live in the graph pool and the graphs' "
-                     "static inputs stay allocated, one set per graphed layer-micro-batch in "
-                     "flight (Megatron-Core reuses those of finished micro-batches)")
+            a.append(graphed_assumption(s.graphs))
         if len(_NOTES) > 512:
             _NOTES.clear()
         notes = _NOTES[note_key] = (tuple(w), tuple(a), tuple(nm))

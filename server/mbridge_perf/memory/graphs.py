@@ -1,4 +1,8 @@
-"""Per-layer Transformer Engine CUDA graphs: what the allocator counts once they replay.
+"""CUDA-graph memory, every term in one place: what the allocator counts once per-layer
+Transformer Engine graphs replay (``graph_vectors``, ``graphed_state``: the estimator's peak)
+and the private pool reported outside the allocator (``graph_pool_gib``: the fit decision).
+The two overlap today (the pool charges the graphed activations again); they live together so
+that the model replacing them has one module to change.
 
 Why a second state: with ``cuda_graph_impl="transformer_engine"`` Megatron-Core runs the first
 ``cuda_graph_warmup_steps`` iterations eagerly, then captures one graph per layer and
@@ -117,3 +121,46 @@ def graph_pool_gib(graphs: Graphs, activations_gib: float) -> float:
             share += 0.1
         share = min(share, 1.0)
     return ov.CUDA_GRAPH_FIXED.value + share * activations_gib
+
+
+def graph_vectors(c: Any, kinds: tuple[tuple[str, str], ...], terms_of: Any,
+                  scopes: tuple[str, ...], seq_length: int) -> tuple[list[float], list[float],
+                                                                 list[float]]:
+    """Per layer kind: BF16 and FP8 bytes of one layer's saved tensors that sit in the graph
+    pool once per-layer TE graphs replay, and the static-input bytes of one graphed
+    layer-micro-batch. ``terms_of(kind, fp8)``: that kind's saved-tensor terms."""
+    bf16, fp8, inputs = [], [], []
+    for kind, (mixer, mlp) in enumerate(kinds):
+        names, graphed_layer, attn = graphed(mixer, mlp, scopes)
+        for out, on in ((bf16, False), (fp8, True)):
+            terms = terms_of(kind, on and c.fp8_bytes > 0)
+            out.append(sum(v for k, v in terms.items() if k in names))
+        inputs.append(static_input_bytes(c, graphed_layer, attn, seq_length))
+    return bf16, fp8, inputs
+
+
+def graphed_state(c: Any, fb: float, step: float, held: tuple[Any, ...],
+                  graph_bytes: Any) -> tuple[float, float]:
+    """Forward/backward and optimizer-step bytes of a stage once its per-layer TE graphs replay:
+    the graphed modules' saved tensors leave the allocated count for the graph pool; the
+    graphs' static inputs stay allocated, one set per graphed layer-micro-batch in flight
+    (shared across micro-batches that do not overlap), plus the shared static output-gradient
+    buffer, through the optimizer step too. ``held``: (kind, FP8 layers, BF16 layers) in
+    flight; ``graph_bytes``: per kind the pooled BF16 / FP8 bytes and the static inputs."""
+    pooled_bf16, pooled_fp8, inputs = graph_bytes
+    pooled = 0.0
+    buffers = 0.0
+    for k, w8, w16 in held:
+        pooled += w8 * pooled_fp8[k] + w16 * pooled_bf16[k]
+        buffers += (w8 + w16) * inputs[k]
+    if buffers:
+        buffers += SHARED_GRAD_OUTPUTS * c.e * c.n / c.tsp * c.h
+    return fb - pooled + buffers, step + buffers
+
+
+def graphed_assumption(scopes: tuple[str, ...]) -> str:
+    return ("per-layer Transformer Engine CUDA graphs (" + (", ".join(scopes) or "whole layers")
+            + "): the peak is the larger of the eager warm-up iterations and the graphed steady "
+            "state, where the graphed modules' saved tensors live in the graph pool and the "
+            "graphs' static inputs stay allocated, one set per graphed layer-micro-batch in "
+            "flight (Megatron-Core reuses those of finished micro-batches)")

@@ -160,3 +160,26 @@ def test_diff_of_dense_against_moe_names_the_routing_and_architecture() -> None:
 def test_two_changes_are_two_variables() -> None:
     d = diff(moe(), moe("model.tensor_model_parallel_size=4", "env.NCCL_NVLS_ENABLE=0"))
     assert sorted(variables(d)) == ["environment.NCCL_NVLS_ENABLE", "layout.tp"]
+
+
+def test_contract_freezes_recompute_and_graphs_as_megatron_reads_them() -> None:
+    """The contract reads the resolved view: an unset recompute_modules is Megatron-Core's
+    ["core_attn"], the deprecated moe_layer_recompute folds in, a "full" graph scope means
+    whole layers (not the letters of the word), the local impl graphs the router pair."""
+    unset = moe("model.recompute_granularity=selective")
+    explicit = moe("model.recompute_granularity=selective", "model.recompute_modules=[core_attn]")
+    assert unset.recompute.modules == ["core_attn"] == explicit.recompute.modules
+    assert not diff(unset, explicit)
+    folded = moe("model.moe_layer_recompute=true")
+    assert folded.recompute.granularity == "selective"
+    assert folded.recompute.modules == ["core_attn", "moe"]
+    whole = moe("model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=full")
+    assert whole.cuda_graphs.impl == "transformer_engine" and whole.cuda_graphs.modules is None
+    spelt = moe("model.cuda_graph_impl=transformer_engine", "model.cuda_graph_modules=attn,mlp")
+    assert spelt.cuda_graphs.modules == ["attn", "mlp"]
+    word = moe("model.cuda_graph_impl=transformer_engine", "model.cuda_graph_modules=full")
+    assert word.cuda_graphs.modules is None
+    router = moe("model.cuda_graph_impl=local", "model.cuda_graph_modules=[moe_router]")
+    assert router.cuda_graphs.modules == ["moe_router", "moe_preprocess"]
+    legacy = moe("model.enable_cuda_graph=true")
+    assert legacy.cuda_graphs.impl == "local"

@@ -352,15 +352,17 @@ def _precision(cfg: TrainingConfig, p: DerivedPrecision) -> Precision:
         grad_reduce_in_fp32=p.grad_reduce_in_fp32)
 
 
-def _recompute(m: ModelSection) -> Recompute:
-    """Recompute settings, each kept only under the granularity that reads it."""
-    full = m.recompute_granularity == "full"
+def _recompute(d: Derived) -> Recompute:
+    """Recompute in effect (the resolved view: default modules and the deprecated
+    moe_layer_recompute folded in), each setting kept only under the granularity that reads
+    it, so an unset recompute_modules and an explicit ["core_attn"] freeze alike."""
+    r = d.recompute
+    full = r.granularity == "full"
     return Recompute(
-        granularity=m.recompute_granularity,
-        method=m.recompute_method if full else None,
-        num_layers=m.recompute_num_layers if full else None,
-        modules=(list(m.recompute_modules) if m.recompute_modules is not None
-                 and m.recompute_granularity == "selective" else None))
+        granularity=r.granularity,
+        method=r.method if full else None,
+        num_layers=r.num_layers if full else None,
+        modules=list(r.selective) if r.granularity == "selective" else None)
 
 
 def _dispatcher(m: ModelSection, moe: bool) -> Dispatcher:
@@ -386,17 +388,13 @@ def _overlap(cfg: TrainingConfig) -> Overlap:
         overlap_p2p_comm=ov.overlap_p2p_comm)
 
 
-def _cuda_graphs(m: ModelSection) -> CudaGraphs:
-    """CUDA graph implementation and the modules it captures (the scope when modules is unset);
-    modules only when graphs are on."""
-    graph_modules = m.cuda_graph_modules
-    if graph_modules is None and m.cuda_graph_scope is not None:
-        scope = m.cuda_graph_scope
-        graph_modules = [scope] if isinstance(scope, str) else list(scope)
-    return CudaGraphs(
-        impl=m.cuda_graph_impl,
-        modules=list(graph_modules) if graph_modules and m.cuda_graph_impl != "none" else None,
-        warmup_steps=m.cuda_graph_warmup_steps)
+def _cuda_graphs(m: ModelSection, d: Derived) -> CudaGraphs:
+    """CUDA graphs in effect (the resolved view: deprecated flags migrated, "attn,mlp" and the
+    legacy scope read as Megatron-Core reads them, "full" = whole layers); modules only when
+    graphs are on and name some."""
+    g = d.graphs
+    return CudaGraphs(impl=g.impl, modules=list(g.modules) if g.on and g.modules else None,
+                      warmup_steps=m.cuda_graph_warmup_steps)
 
 
 def _offload(m: ModelSection) -> Offload:
@@ -453,10 +451,10 @@ def contract_from_config(
         layout=_layout(m, d),
         routing=routing,
         precision=_precision(cfg, d.precision),
-        recompute=_recompute(m),
+        recompute=_recompute(d),
         dispatcher=_dispatcher(m, moe),
         overlap=_overlap(cfg),
-        cuda_graphs=_cuda_graphs(m),
+        cuda_graphs=_cuda_graphs(m, d),
         offload=_offload(m),
         kernels=_kernels(m, moe),
         window=Window(start=window[0], end=window[1], steps=cfg.train.train_iters),

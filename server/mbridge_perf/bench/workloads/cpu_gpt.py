@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import importlib
 import logging
 import math
 import os
@@ -46,6 +47,7 @@ import resource
 import sys
 import time
 import warnings
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -87,11 +89,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def install_cpu_shims() -> None:
     """Route Megatron-Core's CUDA-only calls to the CPU for the rest of this process."""
-    import torch
-    import torch.nn.functional as F
-    from torch.overrides import TorchFunctionMode
-
     warnings.filterwarnings("ignore")
+    _shim_torch_cuda()
+    _shim_dropout()
+    import torch._dynamo as dynamo
+
+    dynamo.config.disable = True  # the torch.compile'd fusions run eagerly
+    _shim_megatron()
+    _cpu_for_cuda_mode().__enter__()
+
+
+def _shim_torch_cuda() -> None:
+    """torch.cuda device, sync and RNG calls act on the CPU: one generator stands for both, so
+    Megatron's CUDA seeding and RNG tracker work unchanged."""
+    import torch
+
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
     torch.cuda.set_device = lambda *a, **k: None  # type: ignore[assignment]
     torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
@@ -100,6 +112,12 @@ def install_cpu_shims() -> None:
     torch.cuda.manual_seed_all = lambda s: None  # type: ignore[assignment]  # seeding trap
     torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()  # type: ignore
     torch.cuda.set_rng_state = lambda s, *a, **k: torch.set_rng_state(s)  # type: ignore
+
+
+def _shim_dropout() -> None:
+    """F.dropout through native_dropout in training, as CUDA computes it (§3.3 #4)."""
+    import torch
+    import torch.nn.functional as F
 
     original_dropout = F.dropout
 
@@ -110,14 +128,16 @@ def install_cpu_shims() -> None:
         return original_dropout(x, p, training, inplace)
 
     F.dropout = dropout  # type: ignore[assignment]
-    import torch._dynamo as dynamo
 
-    dynamo.config.disable = True  # the torch.compile'd fusions run eagerly
 
+def _shim_megatron() -> None:
+    """Megatron-Core's CUDA-only helpers: the causal mask, the CUDA RNG state of the tensor-
+    parallel RNG tracker, TE's GEMM and FP8 hooks, and the torch LayerNorm SP assert."""
     import megatron.core.fusions.fused_softmax as fused_softmax
     import megatron.core.tensor_parallel.random as tp_random
     import megatron.core.transformer.moe.moe_utils as moe_utils
     import megatron.core.transformer.utils as tutils
+    import torch
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
     masks: dict[int, Any] = {}
@@ -135,19 +155,28 @@ def install_cpu_shims() -> None:
     tp_random._set_cuda_rng_state = lambda s, *a, **k: torch.set_rng_state(s)
     moe_utils.te_general_gemm = None
     if not getattr(tp_random, "HAVE_TE", False):
-        class _NoFP8:
-            is_fp8_enabled = staticmethod(lambda: False)
-            get_fp8_recipe = staticmethod(lambda: None)
+        _shim_no_fp8(tp_random)
+    _shim_torch_norm(WrappedTorchNorm)
 
-        tp_random.FP8GlobalStateManager = _NoFP8
-        tp_random.activation_recompute_forward = lambda *a, **k: contextlib.nullcontext()
-        tp_random.fp8_autocast = lambda *a, **k: contextlib.nullcontext()
 
-    original_new = WrappedTorchNorm.__new__
+def _shim_no_fp8(tp_random: Any) -> None:
+    """Without Transformer Engine the RNG tracker's FP8 hooks are undefined: FP8 is off."""
+
+    class _NoFP8:
+        is_fp8_enabled = staticmethod(lambda: False)
+        get_fp8_recipe = staticmethod(lambda: None)
+
+    tp_random.FP8GlobalStateManager = _NoFP8
+    tp_random.activation_recompute_forward = lambda *a, **k: contextlib.nullcontext()
+    tp_random.fp8_autocast = lambda *a, **k: contextlib.nullcontext()
+
+
+def _shim_torch_norm(wrapped_torch_norm: Any) -> None:
+    """torch LayerNorm asserts no SP: build it without, then mark its parameters so
+    finalize_model_grads all-reduces their grads over TP as it does for TE/apex norms."""
+    original_new = wrapped_torch_norm.__new__
 
     def norm_new(cls: type, config: Any, *args: Any, **kwargs: Any) -> Any:
-        # torch LayerNorm asserts no SP; build it without, then mark its parameters so
-        # finalize_model_grads all-reduces their grads over TP as it does for TE/apex norms
         sp = config.sequence_parallel
         config.sequence_parallel = False
         try:
@@ -158,7 +187,13 @@ def install_cpu_shims() -> None:
             param.sequence_parallel = sp
         return norm
 
-    WrappedTorchNorm.__new__ = norm_new  # type: ignore[method-assign]
+    wrapped_torch_norm.__new__ = norm_new
+
+
+def _cpu_for_cuda_mode() -> Any:
+    """A torch function mode (not entered) that runs CUDA-bound calls on the CPU."""
+    import torch
+    from torch.overrides import TorchFunctionMode
 
     def on_cpu(device: Any) -> Any:
         text = str(device)
@@ -184,7 +219,7 @@ def install_cpu_shims() -> None:
                     return f"torch.cuda.{name}"
             return func(*args, **kwargs)
 
-    CpuForCuda().__enter__()
+    return CpuForCuda()
 
 
 # ---------------------------------------------------------------- log lines
@@ -294,31 +329,82 @@ def synthetic_batch(args: argparse.Namespace, step: int, dp_rank: int) -> tuple[
     return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+# Imported after the CPU shims and before the process group exists (import-time code sees the
+# shims); `main`'s phases import from these again.
+_MEGATRON_MODULES = (
+    "torch.distributed", "megatron.core.parallel_state", "megatron.core.tensor_parallel",
+    "megatron.core.distributed", "megatron.core.models.gpt",
+    "megatron.core.models.gpt.gpt_layer_specs", "megatron.core.optimizer",
+    "megatron.core.optimizer_param_scheduler", "megatron.core.transformer.module",
+    "megatron.core.transformer.transformer_config",
+)
+
+
+@dataclass
+class _Run:
+    """One rank's training run: its place in the layout, what it trains, and the figures its
+    log lines print."""
+
+    args: argparse.Namespace
+    rank: int
+    world: int
+    sp: bool
+    dp: int
+    dp_rank: int
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    gbs: int
+    n_params: int
+    flops: float  # Megatron's dense GPT FLOPs per iteration
+    total_params: Any = field(repr=False)  # a tensor: the parameters summed over the TP shards
+    max_alloc: list[int] = field(default_factory=lambda: [0])
+
+    @property
+    def last(self) -> int:
+        """The rank that prints the iteration line (Megatron's last rank)."""
+        return self.world - 1
+
+
+@dataclass
+class _Interval:
+    """Sums over one log interval; a new one starts the clock for the next."""
+
+    t0: float = field(default_factory=time.perf_counter)
+    iters: int = 0
+    skipped: int = 0
+    nan: int = 0
+    loss_sum: float = 0.0
+    loss_iters: int = 0
+    grad_norm: float | None = None
+
+    def add(self, ok: bool, norm: float | None, loss: float) -> None:
+        """One step: a skipped step counts as skipped (and NaN when its loss is not finite)
+        and leaves the loss average and grad norm alone, as Megatron does."""
+        self.iters += 1
+        if ok:
+            self.loss_sum += loss
+            self.loss_iters += 1
+            self.grad_norm = norm
+        else:
+            self.skipped += 1
+            self.nan += int(not math.isfinite(loss))
+
+
+def _default_rendezvous_env() -> None:
+    """Let a plain `python -m` run (no torchrun) start a world of one."""
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    import torch
 
-    torch.set_num_threads(1)
-    install_cpu_shims()
+
+def _init_parallel(args: argparse.Namespace) -> tuple[int, int, bool]:
+    """The gloo process group and Megatron's TP/DP groups and RNG; (rank, world, SP)."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
-    from megatron.core.distributed import (
-        DistributedDataParallel,
-        DistributedDataParallelConfig,
-        finalize_model_grads,
-    )
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-    from megatron.core.transformer.module import Float16Module
-    from megatron.core.transformer.transformer_config import TransformerConfig
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -327,8 +413,21 @@ def main(argv: list[str] | None = None) -> int:
     sp = args.sp and args.tp > 1
     ps.initialize_model_parallel(tensor_model_parallel_size=args.tp)
     tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
-    dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
-    last = world - 1
+    return rank, world, sp
+
+
+def _build_model(args: argparse.Namespace, sp: bool) -> Any:
+    """GPTModel from the local layer specs (no TE fusions), in bf16, wrapped in Megatron DDP."""
+    import torch
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.module import Float16Module
+    from megatron.core.transformer.transformer_config import TransformerConfig
 
     config = TransformerConfig(
         num_layers=args.layers, hidden_size=args.hidden, ffn_hidden_size=4 * args.hidden,
@@ -341,44 +440,88 @@ def main(argv: list[str] | None = None) -> int:
     model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=args.vocab,
                      max_sequence_length=args.seq, position_embedding_type="learned_absolute",
                      share_embeddings_and_output_weights=False)
-    model = DistributedDataParallel(
+    return DistributedDataParallel(
         config, DistributedDataParallelConfig(grad_reduce_in_fp32=False,
                                               overlap_grad_reduce=False,
                                               use_distributed_optimizer=False),
         module=Float16Module(config, model))
+
+
+def _build_optimizer(args: argparse.Namespace, model: Any, gbs: int) -> tuple[Any, Any]:
+    """Megatron's bf16 Adam (constant loss scale 1.0, so a non-finite gradient skips the step)
+    and a warm-up + cosine scheduler that counts samples, as Megatron's loop does."""
+    import torch
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
     opt_config = OptimizerConfig(optimizer="adam", lr=args.lr, min_lr=args.lr / 10,
                                  weight_decay=0.01, bf16=True, params_dtype=torch.bfloat16,
                                  loss_scale=1.0, clip_grad=1.0, use_distributed_optimizer=False)
     optimizer = get_megatron_optimizer(opt_config, [model])
-    gbs = args.mbs * dp
     warmup = min(10, max(1, args.steps // 5))
-    scheduler = OptimizerParamScheduler(  # counts samples, as Megatron's loop does
+    scheduler = OptimizerParamScheduler(
         optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.lr / 10,
         lr_warmup_steps=warmup * gbs, lr_decay_steps=args.steps * gbs, lr_decay_style="cosine",
         start_wd=0.01, end_wd=0.01, wd_incr_steps=args.steps * gbs, wd_incr_style="constant")
-    n_params = sum(p.numel() for p in model.parameters())
-    flops = gpt_flops(args, gbs, args.vocab)
-    total = torch.tensor([n_params], dtype=torch.long)  # summed over the TP shards
-    dist.all_reduce(total, group=ps.get_tensor_model_parallel_group())
-    if rank == 0:
-        emit(f"cpu_gpt: Megatron-Core GPTModel on CPU/gloo: world {world}, TP {args.tp}, "
-             f"SP {sp}, DP {dp}, layers {args.layers}, hidden {args.hidden}, seq {args.seq}, "
-             f"vocab {args.vocab}, mbs {args.mbs}, gbs {gbs}")
-        if args.memory_lines == "synthetic":
-            emit("cpu_gpt: memory lines are synthetic CPU figures, not "
-                 "torch.cuda.memory_stats(): allocated = live torch tensor bytes in the "
-                 "process, reserved = process RSS, max-reserved = peak RSS")
-        emit("Starting training loop at iteration 0")
+    return optimizer, scheduler
 
+
+def _count_params(model: Any) -> tuple[int, Any]:
+    """This rank's parameter count and (a tensor) the count summed over the TP shards."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    n_params = sum(p.numel() for p in model.parameters())
+    total = torch.tensor([n_params], dtype=torch.long)
+    dist.all_reduce(total, group=ps.get_tensor_model_parallel_group())
+    return n_params, total
+
+
+def _setup(args: argparse.Namespace) -> _Run:
+    """Process groups, model, optimizer and parameter counts for this rank."""
+    from megatron.core import parallel_state as ps
+
+    rank, world, sp = _init_parallel(args)
+    dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+    model = _build_model(args, sp)
+    gbs = args.mbs * dp
+    optimizer, scheduler = _build_optimizer(args, model, gbs)
+    n_params, total = _count_params(model)
+    return _Run(args=args, rank=rank, world=world, sp=sp, dp=dp, dp_rank=dp_rank, model=model,
+                optimizer=optimizer, scheduler=scheduler, gbs=gbs, n_params=n_params,
+                flops=gpt_flops(args, gbs, args.vocab), total_params=total)
+
+
+def _announce(run: _Run) -> None:
+    """Rank 0's header: the layout, what the memory lines mean, the loop start (log §2)."""
+    args = run.args
+    if run.rank != 0:
+        return
+    emit(f"cpu_gpt: Megatron-Core GPTModel on CPU/gloo: world {run.world}, TP {args.tp}, "
+         f"SP {run.sp}, DP {run.dp}, layers {args.layers}, hidden {args.hidden}, "
+         f"seq {args.seq}, vocab {args.vocab}, mbs {args.mbs}, gbs {run.gbs}")
+    if args.memory_lines == "synthetic":
+        emit("cpu_gpt: memory lines are synthetic CPU figures, not "
+             "torch.cuda.memory_stats(): allocated = live torch tensor bytes in the "
+             "process, reserved = process RSS, max-reserved = peak RSS")
+    emit("Starting training loop at iteration 0")
+
+
+def _train(run: _Run) -> None:
+    """The training loop: one micro-batch per step, the loss averaged over DP, the log lines
+    at every log interval, and the --exit-code fault after --exit-after steps."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import finalize_model_grads
+
+    args, model, optimizer = run.args, run.model, run.optimizer
     positions = torch.arange(args.seq).unsqueeze(0).expand(args.mbs, -1)
     stop_after = args.steps if args.exit_after is None else min(args.exit_after, args.steps)
-    max_alloc = [0]
-    interval_t0 = time.perf_counter()
-    interval_iters = skipped_sum = nan_sum = 0
-    loss_sum, loss_iters = 0.0, 0
-    grad_norm: float | None = None
+    interval = _Interval()
     for iteration in range(1, args.steps + 1):
-        tokens, labels = synthetic_batch(args, iteration, dp_rank)
+        tokens, labels = synthetic_batch(args, iteration, run.dp_rank)
         model.train()
         model.zero_grad_buffer()
         optimizer.zero_grad()
@@ -390,59 +533,88 @@ def main(argv: list[str] | None = None) -> int:
         finalize_model_grads([model])
         ok, norm, _ = optimizer.step()
         if ok:
-            scheduler.step(increment=gbs)
+            run.scheduler.step(increment=run.gbs)
         if args.sleep_per_step:
             time.sleep(args.sleep_per_step)
         reduced = loss.detach().clone()
         dist.all_reduce(reduced, group=ps.get_data_parallel_group())
-        reduced /= dp
-        value = float(reduced)
-        interval_iters += 1
-        if ok:
-            loss_sum += value
-            loss_iters += 1
-            grad_norm = norm
-        else:
-            skipped_sum += 1
-            nan_sum += int(not math.isfinite(value))
+        reduced /= run.dp
+        interval.add(ok, norm, float(reduced))
         if iteration % args.log_interval == 0 or iteration == args.steps:
-            dist.barrier()
-            elapsed = (time.perf_counter() - interval_t0) / interval_iters
-            tflops = flops / elapsed / world / 1e12
-            if rank == last:
-                emit(iteration_line(
-                    iteration=iteration, total=args.steps, consumed=iteration * gbs,
-                    elapsed_ms=elapsed * 1000.0, tflops=tflops,
-                    lr=optimizer.param_groups[0]["lr"], gbs=gbs,
-                    loss=loss_sum / loss_iters if loss_iters else None,
-                    loss_scale=float(optimizer.get_loss_scale()),
-                    grad_norm=grad_norm if loss_iters else None,
-                    skipped=skipped_sum, nan=nan_sum))
-            if rank == 0:
-                emit(f"Step Time : {elapsed:.2f}s GPU utilization: {tflops:.1f}"
-                     "MODEL_TFLOP/s/GPU")
-            if rank == 0 and iteration == 1:  # with the first memory report (log §5)
-                emit(f"Total number of parameters in billions: {int(total) / 1e9:.2f}")
-                emit(f"Theoretical memory footprints: weight and optimizer="
-                     f"{n_params * 18 / 2**20:.2f} MB")
-            if args.memory_lines == "synthetic" and iteration <= 2 and dp_rank == 0:
-                emit(memory_line(rank, iteration, max_alloc))
-            interval_t0 = time.perf_counter()
-            interval_iters = skipped_sum = nan_sum = loss_iters = 0
-            loss_sum = 0.0
-            grad_norm = None
+            _log_interval(run, iteration, interval)
+            interval = _Interval()
         if args.exit_code is not None and iteration >= stop_after:
-            dist.barrier()
-            print(f"cpu_gpt: rank {rank} exiting with code {args.exit_code} after iteration "
-                  f"{iteration} (--exit-code)", file=sys.stderr, flush=True)
-            sys.stdout.flush()
-            os._exit(args.exit_code)
+            _exit_now(run, iteration)
+
+
+def _log_interval(run: _Run, iteration: int, interval: _Interval) -> None:
+    """The lines of one log interval: the iteration line (last rank), Step Time (rank 0), the
+    parameter and theoretical-memory lines with the first report, and the memory lines after
+    iterations 1 and 2 (every data-parallel-rank-0 rank)."""
+    import torch.distributed as dist
+
+    args = run.args
     dist.barrier()
-    if rank == 0:
+    elapsed = (time.perf_counter() - interval.t0) / interval.iters
+    tflops = run.flops / elapsed / run.world / 1e12
+    if run.rank == run.last:
+        emit(iteration_line(
+            iteration=iteration, total=args.steps, consumed=iteration * run.gbs,
+            elapsed_ms=elapsed * 1000.0, tflops=tflops,
+            lr=run.optimizer.param_groups[0]["lr"], gbs=run.gbs,
+            loss=interval.loss_sum / interval.loss_iters if interval.loss_iters else None,
+            loss_scale=float(run.optimizer.get_loss_scale()),
+            grad_norm=interval.grad_norm if interval.loss_iters else None,
+            skipped=interval.skipped, nan=interval.nan))
+    if run.rank == 0:
+        emit(f"Step Time : {elapsed:.2f}s GPU utilization: {tflops:.1f}"
+             "MODEL_TFLOP/s/GPU")
+    if run.rank == 0 and iteration == 1:  # with the first memory report (log §5)
+        emit(f"Total number of parameters in billions: {int(run.total_params) / 1e9:.2f}")
+        emit(f"Theoretical memory footprints: weight and optimizer="
+             f"{run.n_params * 18 / 2**20:.2f} MB")
+    if args.memory_lines == "synthetic" and iteration <= 2 and run.dp_rank == 0:
+        emit(memory_line(run.rank, iteration, run.max_alloc))
+
+
+def _exit_now(run: _Run, iteration: int) -> None:
+    """The --exit-code fault: every rank leaves with the code, skipping interpreter cleanup."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    print(f"cpu_gpt: rank {run.rank} exiting with code {run.args.exit_code} after iteration "
+          f"{iteration} (--exit-code)", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(run.args.exit_code)
+
+
+def _finish(run: _Run) -> None:
+    """Rank 0's end-of-training marker, then the parallel state and process group go."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    dist.barrier()
+    if run.rank == 0:
         emit(f"[after training is done] datetime: "
              f"{datetime.now().strftime('%Y-%m-%d %H:%M:%S')} ")
     ps.destroy_model_parallel()
     dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train under torchrun (or as a world of one) and print Megatron-format log lines."""
+    args = parse_args(argv)
+    _default_rendezvous_env()
+    import torch
+
+    torch.set_num_threads(1)
+    install_cpu_shims()
+    for name in _MEGATRON_MODULES:
+        importlib.import_module(name)
+    run = _setup(args)
+    _announce(run)
+    _train(run)
+    _finish(run)
     return 0
 
 

@@ -50,7 +50,7 @@ def test_catalog_facts_hang_together() -> None:
             assert gpu.capacity_gib == gpu.usable_gib
         else:
             assert gpu.capacity_gib == gpu.memory_gib
-        assert gpu.sm_version == f"sm_{gpu.sm}"
+        assert gpu.sm_version == (None if gpu.sm is None else f"sm_{gpu.sm}")
     h100 = gpus["H100-80GB"]
     assert (h100.usable_gib, h100.memory_gb, h100.nvlink_domain, h100.gpus_per_node) == (
         79.11, 80, 8, 8)

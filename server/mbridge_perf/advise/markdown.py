@@ -101,7 +101,42 @@ def oom_markdown(diag: OOMDiagnosis, notes: list[str]) -> str:
     if diag.failure_mode is not None:
         f = diag.failure_mode
         lines += ["", f"Skill {f.skill}, failure `{f.name}` ({f.symptom}) - fix: {f.fix}"]
+    lines += _reconciliation(diag)
     lines += [f"- {x}" for x in notes]
     if diag.plan is not None:
         lines += ["", diag.plan.answer_markdown]
     return "\n".join(lines)
+
+
+_TERMS = {"allocated": "allocated by PyTorch", "reserved_unallocated": "reserved but unallocated",
+          "outside_pytorch": "outside PyTorch", "in_use": "in use (capacity - free)",
+          "capacity": "GPU capacity"}
+
+
+def _reconciliation(diag: OOMDiagnosis) -> list[str]:
+    """The message's numbers next to the estimate, term by term, and the budget the plan was
+    priced against."""
+    if not diag.reconciliation:
+        return []
+    lines = ["", f"**Measured vs estimated** (GiB; estimate: {diag.estimate_phase}):", "",
+             "| term | measured | estimated | difference |", "|---|---|---|---|"]
+    for r in diag.reconciliation:
+        est = (f"{r.estimated_range_gib[0]:.2f}-{r.estimated_range_gib[1]:.2f}"
+               if r.estimated_range_gib else f"{r.estimated_gib:.2f}")
+        lines.append(f"| {_TERMS[r.term]} | {r.measured_gib:.2f} | {est} | "
+                     f"{r.difference_gib:+.2f} |")
+    lines += [""] + [f"- {_TERMS[r.term]}: {r.note}." for r in diag.reconciliation]
+    b = diag.plan_budget
+    if b is not None:
+        lines += ["", f"The plan below is judged on the measured state: its budget is "
+                      f"{b.target_gib:.2f} GiB = capacity {b.capacity_gib:.2f} - "
+                      f"{b.measured_outside_gib:.2f} measured outside PyTorch + "
+                      f"{b.estimated_outside_gib:.2f} the estimate's own outside term (which "
+                      "every step's need already counts), so a step fits when its allocated + "
+                      f"graph pool + reserved band fit in the {b.pytorch_budget_gib:.2f} GiB "
+                      "PyTorch can have."]
+    if diag.plan is not None and diag.plan.scenario == "fits" and \
+            diag.classification != "none":
+        lines += ["", "The estimate fits this config, yet the run ran out of memory: the "
+                      "estimate is low for this run - go by the measured terms above."]
+    return lines

@@ -327,11 +327,16 @@ class Derived:
 
     def dp_lowered(self) -> tuple[int, int] | None:
         """(DP before, DP after) when the change lowered data parallelism; the world size is
-        taken from whichever config states it."""
+        taken from whichever config states it. The GPUs do not change when a user edits a
+        parallel size: where the new config's world is only implied by a Bridge dump
+        (comm_overlap.data_parallel_size x TP·PP·CP keeps the old DP, so that "world" grows
+        with TP), the baseline's world is the one both run on."""
         b = self.before
         if b is None:
             return None
         old_world, new_world = b.world_size or self.world_size, self.world_size or b.world_size
+        if self.world_from_dump and b.world_size is not None:
+            new_world = b.world_size
         if old_world is None or new_world is None:
             return None
         old, new = old_world // b.model_parallel_size, new_world // self.model_parallel_size

@@ -9,6 +9,7 @@ from mbridge_perf.config.derived import Derived
 from mbridge_perf.config.model import TrainingConfig
 from mbridge_perf.config.semantics import first_selective_hint
 from mbridge_perf.rules.catalog import MEM, WORKFLOW, Violation, rule
+from mbridge_perf.rules.env import _expandable
 
 TP = "model.tensor_model_parallel_size"
 SP = "model.sequence_parallel"
@@ -197,15 +198,20 @@ def _crosses_nvlink_domain(c: TrainingConfig, d: Derived) -> Violation | None:
       "cluster.num_gpus"), skill=MEM,
       summary="raising TP (and lowering DP) to fit memory cost −28.4 % on Llama3 70B")
 def _raised_for_memory(c: TrainingConfig, d: Derived) -> Violation | None:
+    # DP before and after on the baseline's GPUs (Derived.dp_lowered): a Bridge dump whose TP
+    # was edited keeps comm_overlap.data_parallel_size, so the world it implies grows with TP
     b, lowered = d.before, d.dp_lowered()
     if b is None or lowered is None or b.tp >= d.tp:
         return None
     old_dp, new_dp = lowered
+    world = old_dp * b.model_parallel_size
+    first = ("PYTORCH_CUDA_ALLOC_CONF already has expandable_segments:True, so next: "
+             if _expandable(c) else
+             "first set env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, then ")
     return Violation(
-        f"tensor_model_parallel_size raised {b.tp} → {d.tp} with DP {old_dp} → {new_dp}: on "
-        "Llama3 70B TP 4 → 8 measured −28.4 % throughput",
-        "revert TP; first set env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, then "
-        + first_selective_hint(d.first_selective_modules()))
+        f"tensor_model_parallel_size raised {b.tp} → {d.tp} with DP {old_dp} → {new_dp} on the "
+        f"same {world} GPUs: on Llama3 70B TP 4 → 8 measured −28.4 % throughput",
+        "revert TP; " + first + first_selective_hint(d.first_selective_modules()))
 
 
 @rule("tp.comm-overlap-needs-sp", "warning", ref="L1", source="megatron-bridge",

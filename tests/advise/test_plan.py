@@ -239,6 +239,48 @@ def test_answer_markdown_follows_the_long_context_checklist_order() -> None:
     assert '"min_gpus"' in text.split("```json")[1]
 
 
+def _item(text: str, number: int) -> str:
+    return next(line for line in text.splitlines() if line.startswith(f"{number}. "))
+
+
+@cache
+def qwen30b_h100_plan() -> ParallelismPlan:
+    """The long-context skill's eval case: Qwen3 30B-A3B on 64 H100 at 64K (BF16)."""
+    cfg = load_config(preset="qwen3-30b-a3b", overrides=[
+        "model.moe_grouped_gemm=true", "optimizer.use_distributed_optimizer=true",
+        "mixed_precision=bf16_mixed"])
+    return plan_parallelism(cfg, 64, "H100", 65536, 64, top_k=3)
+
+
+@pytest.mark.parametrize("which", ["h100", "gb200"])
+def test_precision_and_dispatcher_follow_the_moe_workflow_not_the_gpu_name(which: str) -> None:
+    """MoE optimization workflow: bring up in BF16 on alltoall without CUDA graphs; flex
+    backends are measured against it, never looked up from the hardware; FP8 and graphs come
+    later. No more "FP8 with flex + DeepEP on H100" for every MoE."""
+    plan = qwen30b_h100_plan() if which == "h100" else qwen_plan(131072)
+    item = _item(plan.answer_markdown, 7)
+    assert "**Precision and dispatcher:**" in item
+    assert item.index("BF16 on moe_token_dispatcher_type='alltoall'") < item.index("A/B")
+    assert "without CUDA graphs" in item and "not looked up from the GPU name" in item
+    assert item.index("A/B") < item.index("Low precision") < item.index("come later")
+    assert "skill's pick" not in item and "with flex + DeepEP on H100" not in item
+    # the candidates are the backends Bridge runs on this GPU (rules/moe.py)
+    if which == "h100":
+        assert "'deepep' / 'hybridep'" in item and "runs deepep and hybridep" in item
+    else:  # DeepEP does not run on the GB200 racks
+        assert "'hybridep'" in item and "'deepep'" not in item.split("published")[0]
+        assert "keep the flex backend set here only if it won" in item  # the dump sets flex
+    # the matchers of the items after it stay after it (the checklist order holds)
+    assert not any(m in item for m in ("eager", "static shape", "cuda_graph_impl",
+                                       "optimizer_cpu_offload", "container"))
+
+
+def test_a_dense_model_has_no_dispatcher_item() -> None:
+    cfg = load_config(preset="llama3-8b")
+    plan = plan_parallelism(cfg, 8, "H100", 8192, 64, top_k=1)
+    assert "Precision and dispatcher" not in plan.answer_markdown
+
+
 def test_the_bounds_lose_nothing_against_pricing_every_layout() -> None:
     """The CP / EP staircase, MBS and ETP dominance and the VPP skip decide most layouts
     without pricing them; pricing every layout must give the same ranked families."""

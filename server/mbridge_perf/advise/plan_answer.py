@@ -10,7 +10,9 @@ import json
 
 from mbridge_perf.advise.plan_result import ParallelismPlan, PlannedLayout
 from mbridge_perf.config.derived import Derived, resolve_precision
+from mbridge_perf.config.gpus import lookup_gpu
 from mbridge_perf.config.model import TrainingConfig
+from mbridge_perf.rules.moe import _backend_supported
 
 
 def _sizes(lay: PlannedLayout) -> str:
@@ -96,19 +98,42 @@ def _gbs(plan: ParallelismPlan, best: PlannedLayout) -> str:
 
 
 def _dispatcher(plan: ParallelismPlan, cfg: TrainingConfig) -> str | None:
+    """The MoE optimization workflow's order (skills/nemo-mbridge-perf-moe-optimization-workflow:
+    answer checklist 5 and 8): bring up in BF16 on alltoall without CUDA graphs; the flex
+    backends are candidates measured against it where the GPU supports them (Bridge's check,
+    rules/moe.py), never picked from the hardware name; low precision later, from a validated
+    BF16 baseline. The long-context skill's published precision / dispatcher pairs are where
+    those runs' tuning ended, said as such."""
     m = cfg.model
     if not m.num_moe_experts:
         return None
     p = resolve_precision(cfg)
     prec = (f"FP8 ({p.fp8_recipe})" if p.fp8 else "FP4" if p.fp4 else
             "BF16" if p.bf16 else "FP16" if p.fp16 else "FP32")
-    want = "hybridep" if plan.nvlink_domain >= 72 else "deepep"
-    backend = m.moe_flex_dispatcher_backend
     now = (f"moe_token_dispatcher_type={m.moe_token_dispatcher_type!r}, "
-           f"moe_flex_dispatcher_backend={backend!r}")
-    hint = ("FP8-class (blockwise or tensorwise, not delayed) with flex + DeepEP on H100"
-            if want == "deepep" else "BF16 or MXFP8 with flex + HybridEP on GB200/GB300 NVL72")
-    return f"7. **Precision and dispatcher:** priced in {prec}, {now}; the skill's pick: {hint}."
+           f"moe_flex_dispatcher_backend={m.moe_flex_dispatcher_backend!r}")
+    backends, runs = ["deepep", "hybridep"], ""
+    try:
+        spec = lookup_gpu(plan.gpu)
+    except ValueError:
+        spec = None
+    if spec is not None and spec.sm is not None:
+        backends = [b for b in ("deepep", "hybridep") if _backend_supported(b, spec)]
+        runs = f" ({spec.name} runs {' and '.join(backends)})" if backends else ""
+    keep = ("; keep the flex backend set here only if it won that A/B"
+            if m.moe_token_dispatcher_type == "flex" and m.moe_flex_dispatcher_backend else "")
+    ab = (f"then A/B flex with moe_flex_dispatcher_backend {' / '.join(map(repr, backends))} "
+          f"against it where the package and topology support them{runs}, one variable per "
+          f"matched run{keep}" if backends
+          else f"the flex backends do not run on {plan.gpu}: stay on alltoall")
+    return (f"7. **Precision and dispatcher:** priced in {prec}, {now}. The dispatcher is "
+            "measured, not looked up from the GPU name (MoE optimization workflow): bring the "
+            "run up in BF16 on moe_token_dispatcher_type='alltoall' without CUDA graphs, "
+            f"{ab}. Low precision (FP8-class blockwise or tensorwise; MXFP8 on Blackwell) and "
+            "CUDA graphs come later in the loop, from a validated BF16 baseline when a profile "
+            "points at them. The long-context skill's published runs ended at FP8-class + "
+            "DeepEP (DeepSeek-V3, H100) and BF16 / MXFP8 + HybridEP (Qwen3 235B, GB200): where "
+            "their tuning landed, not where to start.")
 
 
 def _offload(cfg: TrainingConfig, best: PlannedLayout) -> str:
@@ -126,7 +151,8 @@ def _offload(cfg: TrainingConfig, best: PlannedLayout) -> str:
 
 def _graphs(cfg: TrainingConfig) -> str:
     impl = cfg.model.cuda_graph_impl
-    return ("9. **CUDA graphs last:** only with static shapes (fixed seq_length and MBS); "
+    return ("9. **CUDA graphs last:** only with static shapes (fixed seq_length and MBS) and "
+            "once a profile shows launch gaps; "
             f"cuda_graph_impl={impl!r} as set - keep eager for variable-length batches.")
 
 

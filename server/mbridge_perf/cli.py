@@ -118,7 +118,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
                           f"{args.stage!r}") from None
     report = estimate_memory(_load_config(args), gpu=args.gpu, imbalance=args.imbalance)
     print(report.model_dump_json(indent=2) if args.json else format_estimate(report, stage))
-    return 1 if report.fits is False else 0
+    return 1 if report.verdict == "does_not_fit" else 0
 
 
 def _cmd_recommend(args: argparse.Namespace) -> int:

@@ -123,11 +123,14 @@ def estimate_memory(
     (static_gib), activations with micro-batches in flight, embedding / logits terms and
     the peak allocated per stage; the most-loaded stage; the allocator's reserved-but-
     unallocated band (where fragmentation OOMs live; narrower with
-    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); CUDA context, NCCL and CUDA-graph
-    overheads; GPU capacity, fits and headroom; assumptions and what is not modelled. All
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); with per-layer CUDA graphs the
+    replayed steady state and the graphs' private pool; CUDA context, NCCL and instantiated
+    graphs outside the allocator; per phase what the process needs, and the verdict on the
+    GPU: fits / tight (the decision flips inside the reserved band or the estimator's margin)
+    / does_not_fit, with the term that decides it; assumptions and what is not modelled. All
     sizes in GiB (2^30 bytes). Megatron logs decimal GB: 58.8 GB = 54.8 GiB. Also
-    answer_markdown: the estimate read as the memory skill answers it. Pure arithmetic,
-    needs no GPU; validate_config checks the config's legality."""
+    answer_markdown: the estimate read as the memory skill answers it, verdict first. Pure
+    arithmetic, needs no GPU; validate_config checks the config's legality."""
     from mbridge_perf.memory.answer import estimate_with_answer as estimate
 
     cfg = _config(config)
@@ -153,9 +156,11 @@ def recommend_recompute(
     recompute_method and the smallest recompute_num_layers that fits, optimizer CPU
     offload, activation offload where PP = 1. Never a TP increase or VPP change. Returns
     steps (action, config_changes as dotted overrides, est_peak_gib of the most-loaded
-    stage, est_saving_gib, throughput_cost measured or estimated with its source, fits,
-    rationale, skill), first_fitting_step, scenario (fragmentation / capacity / fits) and
-    answer_markdown. Pure arithmetic, needs no GPU."""
+    stage, est_saving_gib, throughput_cost measured or estimated with its source, verdict
+    fits / tight / does_not_fit, rationale, skill); the ladder stops at the first step that
+    fits or is tight (first_fitting_step; later steps are marked optional margin) and a
+    config that already fits gets no steps; scenario (fragmentation / capacity / tight /
+    fits) and answer_markdown. Pure arithmetic, needs no GPU."""
     from mbridge_perf.advise.recompute import recommend_recompute as recommend
 
     cfg = _config(config)

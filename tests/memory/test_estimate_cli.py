@@ -37,7 +37,7 @@ def test_does_not_fit_exits_1_and_bad_input_exits_2() -> None:
                           "--set", "ddp.use_distributed_optimizer=false", "--set",
                           "mixed_precision.grad_reduce_in_fp32=true")
     assert no_distopt.returncode == 1, no_distopt.stdout
-    assert "does NOT fit" in no_distopt.stdout
+    assert "DOES NOT FIT" in no_distopt.stdout
     bad = estimate(*SEED, "--gpu", "h900")
     assert bad.returncode == 2 and bad.stderr.startswith("error: gpu: unknown GPU")
     stage = estimate(*SEED, "--stage", "first")

@@ -38,7 +38,7 @@ class Priced:
 
     @property
     def fits(self) -> bool:
-        return bool(self.report.fits)
+        return fits_central(self.report)
 
 
 @dataclass
@@ -137,6 +137,13 @@ def staircase(base: TrainingConfig, g: Group, start: int, count: Counter) -> tup
 # the rescue: the memory ladder (advise.ladder), walked until a layout fits
 
 
+def fits_central(rep: MemoryReport) -> bool:
+    """The planner's fit: the need at the low end of the reserved band is within the GPU (its
+    classes then separate the layouts that also fit at the band's high end from the tight
+    ones); the estimator's own margin is not spent here, where layouts are compared."""
+    return rep.headroom_gib is not None and rep.headroom_gib >= 0
+
+
 def _errors(cfg: TrainingConfig) -> set[str]:
     return {f.rule_id for f in validate(cfg).findings if f.severity == "error"}
 
@@ -167,7 +174,7 @@ def rescue(p: Priced, count: Counter) -> Priced | None:
         kept = trial
         if step.name == "selective":
             mods = list(delta["model.recompute_modules"])
-        if rep.fits:
+        if fits_central(rep):
             return Priced(p.sk, p.cp, cfg, rep, Rung(step.name, describe(p.cfg, trial), trial))
     return None
 

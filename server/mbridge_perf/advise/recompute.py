@@ -39,11 +39,11 @@ from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.model import TrainingConfig
 from mbridge_perf.memory import overheads as ov
 from mbridge_perf.memory.estimate import MemoryReport, estimate_memory
+from mbridge_perf.memory.verdict import Verdict, judge
 from mbridge_perf.rules.validate import validate
 
 MEMORY = "nemo-mbridge-perf-memory-tuning"
 RECOMPUTE = "nemo-mbridge-perf-activation-recompute"
-FITS_MARGIN_GIB = 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,8 +89,12 @@ class _Ladder:
 
 def _price(cfg: TrainingConfig, gpu: str | None) -> _Priced:
     rep = estimate_memory(cfg, gpu=gpu)
-    return _Priced(cfg, rep, rep.peak_allocated_gib,
-                   rep.peak_allocated_gib + rep.overheads.total_gib + rep.reserved_band_gib[1])
+    return _Priced(cfg, rep, rep.peak_allocated_gib, rep.need_gib[1])
+
+
+def _judge(lad: _Ladder, priced: _Priced) -> tuple[Verdict, str]:
+    lo, hi = priced.report.need_gib
+    return judge(lo, hi, lad.budget)
 
 
 def _new_errors(lad: _Ladder, cfg: TrainingConfig) -> list[str]:
@@ -115,12 +119,13 @@ def _try(lad: _Ladder, on: int | None, changes: dict[str, Any]) -> tuple[_Priced
 def _add(lad: _Ladder, on: int | None, priced: _Priced, *, rung: Any, action: str,
          changes: dict[str, Any], cost: ThroughputCost, rationale: str, skill: str) -> None:
     prev = lad.at(on)
+    verdict, term = _judge(lad, priced)
     lad.steps.append(RecomputeStep(
         index=len(lad.steps), rung=rung, action=action, config_changes=changes,
         overrides=as_overrides(changes), builds_on=on, est_peak_gib=round(priced.peak, 2),
         est_need_gib=round(priced.need, 2), est_saving_gib=round(prev.peak - priced.peak, 2),
-        throughput_cost=cost, fits=priced.need <= lad.budget + FITS_MARGIN_GIB,
-        rationale=rationale, skill=skill))
+        throughput_cost=cost, verdict=verdict, verdict_term=term,
+        fits=verdict != "does_not_fit", rationale=rationale, skill=skill))
     lad.priced.append(priced)
 
 
@@ -431,12 +436,24 @@ def _budget(base: MemoryReport, target_gib: float | None) -> tuple[float, str]:
     return base.gpu_capacity_gib, f"{base.gpu} capacity"
 
 
-def _scenario(lad: _Ladder) -> Literal["fragmentation", "capacity", "fits"]:
-    b = lad.base
-    low_need = b.peak + b.report.overheads.total_gib + b.report.reserved_band_gib[0]
-    if b.need <= lad.budget:
+def _scenario(lad: _Ladder, verdict: Verdict) -> Literal["fragmentation", "capacity", "tight",
+                                                          "fits"]:
+    lo, hi = lad.base.report.need_gib
+    if verdict == "fits":
         return "fits"
-    return "fragmentation" if low_need <= lad.budget else "capacity"
+    if lo <= lad.budget < hi:
+        return "fragmentation"
+    return "capacity" if lo > lad.budget else "tight"
+
+
+def _mark_optional(lad: _Ladder) -> int | None:
+    """The first step whose verdict is fits or tight: the ladder stops there; the steps after
+    it are listed as optional margin."""
+    first = next((s.index for s in lad.steps if s.fits), None)
+    if first is not None:
+        lad.steps[first + 1:] = [s.model_copy(update={"optional": True})
+                                 for s in lad.steps[first + 1:]]
+    return first
 
 
 def recommend_recompute(cfg: TrainingConfig, target_gib: float | None = None, *,
@@ -447,20 +464,24 @@ def recommend_recompute(cfg: TrainingConfig, target_gib: float | None = None, *,
     errors = [f for f in validate(cfg).findings if f.severity == "error"]
     lad = _Ladder(user=cfg, d=Derived(cfg), budget=budget, gpu=gpu, base=base,
                   base_errors=frozenset(f.rule_id for f in errors))
-    for rung in (_allocator, _distributed_optimizer, _selective, _full, _optimizer_offload,
-                 _activation_offload):
-        rung(lad)
-    first = next((s.index for s in lad.steps if s.fits), None)
-    if first is None:
+    verdict, term = _judge(lad, base)
+    if verdict == "fits":
+        lad.notes.append(f"It already fits: {term}. Nothing to change for memory.")
+    else:
+        for rung in (_allocator, _distributed_optimizer, _selective, _full, _optimizer_offload,
+                     _activation_offload):
+            rung(lad)
+    first = _mark_optional(lad)
+    if first is None and verdict != "fits":
         lad.notes.append(_nothing_fits(lad))
     rep = base.report
     plan = RecomputePlan(
-        scenario=_scenario(lad), budget_gib=round(budget, 2), budget_source=source,
+        scenario=_scenario(lad, verdict), budget_gib=round(budget, 2), budget_source=source,
         baseline=Baseline(est_peak_gib=round(base.peak, 2), est_need_gib=round(base.need, 2),
                           reserved_band_gib=(round(rep.reserved_band_gib[0], 2),
                                              round(rep.reserved_band_gib[1], 2)),
                           overheads_gib=round(rep.overheads.total_gib, 2),
-                          fits=base.need <= budget,
+                          verdict=verdict, verdict_term=term, fits=verdict == "fits",
                           expandable_segments=ov.expandable_segments(cfg.env),
                           findings=[f"{f.rule_id}: {f.message}" for f in errors]),
         steps=lad.steps, first_fitting_step=first, notes=lad.notes, skipped=lad.skipped,

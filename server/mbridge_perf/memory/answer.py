@@ -23,17 +23,30 @@ def _dominant(s: StageMemory) -> str:
 
 
 def _verdict(r: MemoryReport) -> str:
-    if r.gpu_capacity_gib is None:
+    if r.gpu_capacity_gib is None or r.verdict is None:
         return "No GPU given, so fits / headroom are not judged (pass gpu, e.g. 'H100')."
-    if r.fits and r.fits_with_fragmentation:
-        return (f"Fits on {r.gpu} ({r.gpu_capacity_gib:.1f} GiB) even with the reserved band; "
-                f"headroom {r.headroom_gib:.1f} GiB.")
-    if r.fits:
-        return (f"Fits on {r.gpu} ({r.gpu_capacity_gib:.1f} GiB) only if fragmentation stays "
-                f"low: the peak plus the reserved-but-unallocated band can exceed the GPU, which "
-                f"is how a fragmentation OOM looks (one rank OOMs, others keep headroom).")
-    return (f"Does not fit on {r.gpu} ({r.gpu_capacity_gib:.1f} GiB): the peak itself is over "
-            "capacity, a genuine capacity limit.")
+    on = f"on {r.gpu} ({r.gpu_capacity_gib:.1f} GiB)"
+    if r.verdict == "fits":
+        return f"**Verdict: fits** {on}: {r.verdict_term}."
+    if r.verdict == "tight" and not r.fits_with_fragmentation:
+        return (f"**Verdict: tight** {on}: {r.verdict_term} - it fits only if fragmentation "
+                "stays low, which is how a fragmentation OOM looks (one rank OOMs, others keep "
+                "headroom).")
+    if r.verdict == "tight":
+        return (f"**Verdict: tight** {on}: {r.verdict_term}; the estimate cannot promise it "
+                "fits.")
+    return (f"**Verdict: does not fit** {on}: {r.verdict_term} - a genuine capacity limit.")
+
+
+def _graph_line(r: MemoryReport) -> list[str]:
+    graphed = [p for p in r.phases if p.phase == "graphed_steady_state"]
+    if not graphed:
+        return []
+    g = graphed[0]
+    return [f"- Per-layer CUDA graphs: once they replay, stage {g.stage} holds "
+            f"{g.allocated_gib:.1f} GiB allocated plus {g.private_pool_gib:.1f} GiB in the "
+            "graphs' private pool (reserved, not reusable by eager code or the optimizer "
+            f"step): up to {g.need_gib[1]:.1f} GiB with the band and the overheads."]
 
 
 def _selective_step(cfg: TrainingConfig) -> str:
@@ -56,14 +69,15 @@ def _levers(r: MemoryReport, cfg: TrainingConfig) -> list[str]:
     if not expandable_segments(cfg.env):
         steps.append("Export `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the job "
                      "environment first; it removes fragmentation at no throughput cost"
-                     + (", though it cannot close a capacity gap." if r.fits is False else "."))
+                     + (", though it cannot close a capacity gap."
+                        if r.verdict == "does_not_fit" else "."))
     steps.append(_selective_step(cfg))
     dp = r.parallelism.get("data")
     distopt = cfg.optimizer.use_distributed_optimizer or cfg.ddp.use_distributed_optimizer
     if not distopt and dp and dp > 1:
         steps.append(f"Shard the optimizer state over DP={dp} with "
                      "`optimizer.use_distributed_optimizer=true` (about 1-2% cost).")
-    if r.fits is False:
+    if r.verdict == "does_not_fit":
         steps.append("Offload optimizer state with `optimizer.optimizer_cpu_offload=true` and a "
                      "non-zero `optimizer.optimizer_offload_fraction` (not layer activation "
                      "offload, which needs PP = 1).")
@@ -80,13 +94,15 @@ def memory_markdown(r: MemoryReport, cfg: TrainingConfig) -> str:
     layout = " ".join(f"{short}{par[k]}" for k, short in _SIZES.items()
                       if par.get(k) is not None) + f" on {par.get('world_size')} GPUs"
     lines = [
+        _verdict(r),
+        "",
         f"**Memory estimate** ({layout}; GiB = 2^30 bytes, Megatron logs decimal GB): the most "
         f"loaded stage is stage {r.most_loaded_stage}, peak allocated "
         f"{r.peak_allocated_gib:.1f} GiB, dominated by {_dominant(s)}.",
         "",
-        f"- {_verdict(r)}",
         f"- Reserved-but-unallocated band: +{lo:.1f} to +{hi:.1f} GiB; CUDA context, NCCL and "
-        f"CUDA-graph overheads {r.overheads.total_gib:.1f} GiB outside the allocator.",
+        f"instantiated CUDA graphs {r.overheads.total_gib:.1f} GiB outside the allocator.",
+        *_graph_line(r),
         f"- Total parameters {r.total_params / 1e9:.1f} B"
         + (" (every expert counted, not only the active parameters: routed experts are "
            "stored whether a token uses them or not)." if cfg.model.num_moe_experts else "."),

@@ -40,7 +40,7 @@ from mbridge_perf.memory.activations import (
     layer_terms,
 )
 from mbridge_perf.memory.graphs import (
-    graph_pool_gib,
+    graph_exec_gib,
     graph_vectors,
     graphed_assumption,
     graphed_state,
@@ -49,6 +49,7 @@ from mbridge_perf.memory.params import padded_vocab_size
 from mbridge_perf.memory.pipeline import in_flight
 from mbridge_perf.memory.placement import Placement, placement
 from mbridge_perf.memory.state import Shape, model_shape, state_rates
+from mbridge_perf.memory.verdict import MARGIN_SOURCE, Verdict, judge
 
 GIB = 2**30
 _INV_GIB = 1 / GIB
@@ -102,6 +103,11 @@ class StageMemory(BaseModel):
                     "(graphed modules' saved tensors in the graph pool; the graphs' static "
                     "inputs, shared across micro-batches, allocated); None without "
                     "them. peak_allocated_gib is the larger of this and the eager warm-up")
+    graph_pool_gib: Gib | None = Field(
+        None, description="the graphs' private pool in that steady state: the graphed saved "
+                          "tensors of the layer-micro-batches in flight, reserved (not "
+                          "allocated) for the graphs' lifetime; None without per-layer TE "
+                          "graphs")
     peak_phase: Literal["forward_backward", "optimizer_step"]
 
 
@@ -125,8 +131,25 @@ class Overheads(BaseModel):
 
     cuda_context_gib: Gib
     nccl_gib: Gib
-    cuda_graph_pool_gib: Gib
+    cuda_graphs_gib: Gib = Field(description="instantiated CUDA graphs (driver-owned)")
     total_gib: Gib
+
+
+class Phase(BaseModel):
+    """What the process holds in one phase of the run, on the stage that needs the most in it:
+    allocated (what torch.cuda.memory_allocated and Megatron's memory log show), the CUDA-graph
+    private pool (reserved, not allocated), the reserved-but-unallocated band (low, high), the
+    memory outside the allocator, and their sum at the band's two ends."""
+
+    model_config = ConfigDict(frozen=True)
+
+    phase: Literal["eager", "graphed_steady_state"]
+    stage: int
+    allocated_gib: Gib
+    private_pool_gib: Gib
+    reserved_band_gib: tuple[Gib, Gib]
+    outside_gib: Gib
+    need_gib: tuple[Gib, Gib]
 
 
 class MemoryReport(BaseModel):
@@ -142,11 +165,23 @@ class MemoryReport(BaseModel):
     overheads: Overheads
     gpu: str | None
     gpu_capacity_gib: Gib | None
-    fits: bool | None = Field(description="peak + overheads + low end of the band <= capacity")
+    phases: list[Phase] = Field(
+        description="per phase (eager warm-up; graphed steady state with per-layer TE graphs) "
+                    "what the process holds; the fit is the largest need over them")
+    need_gib: tuple[Gib, Gib] = Field(
+        description="the largest (allocated + private pools + band + outside) over the phases, "
+                    "at the low and the high end of the reserved band")
+    verdict: Verdict | None = Field(
+        description="fits: fits at the high end of the band with the estimator's margin; "
+                    "tight: the decision flips inside the band or the margin; does_not_fit: "
+                    "over even at the band's low end by more than the margin; None: no GPU")
+    verdict_term: str = Field(description="the term that decides the verdict, with figures")
+    margin: str = Field(MARGIN_SOURCE, description="where the estimator's margin comes from")
+    fits: bool | None = Field(description="verdict == 'fits'")
     fits_with_fragmentation: bool | None = Field(
-        description="still fits at the high end of the reserved band")
+        description="the need at the high end of the reserved band <= capacity")
     headroom_gib: Gib | None = Field(
-        description="capacity - (peak + overheads + low end of the band)")
+        description="capacity - the need at the low end of the reserved band")
     total_params: int
     layer_activations: list[LayerKindActivation]
     parallelism: dict[str, int | None]
@@ -481,7 +516,7 @@ _new = object.__new__
 # every field is always given: copying a ready set is cheaper than hashing the dict's keys
 _FIELDS_SET: dict[type[BaseModel], set[str]] = {
     cls: set(cls.model_fields) for cls in (StageMemory, LayerKindActivation, Overheads,
-                                           MemoryReport)}
+                                           Phase, MemoryReport)}
 
 
 def _make(cls: type[Any], values: dict[str, Any]) -> Any:
@@ -769,7 +804,8 @@ def _shared_part(s: _Setup, t: _Terms, sp: _StagePlan, unit: tuple[Any, ...],
         "activations_gib": 0.0, "embedding_activations_gib": 0.0, "logits_gib": 0.0,
         "mtp_activations_gib": 0.0, "transient_gib": ws * _INV_GIB,
         "workspace_gib": t.workspace * _INV_GIB, "peak_allocated_gib": 0.0,
-        "graphed_peak_allocated_gib": None, "peak_phase": "forward_backward"}
+        "graphed_peak_allocated_gib": None, "graph_pool_gib": None,
+        "peak_phase": "forward_backward"}
     step = static + t.workspace + t.step_tmp * optim_shard
     return per_mb, ws, static, step, proto
 
@@ -804,9 +840,9 @@ def _stages(s: _Setup, t: _Terms) -> tuple[list[StageMemory], int, float]:
         per_mb, ws, static, step, proto = shared[twin]
         fb = static + activations + ws + t.workspace
         peak = fb if fb >= step else step
-        graph_peak = graph_step = None
+        graph_peak = graph_step = pool = None
         if s.graphs is not None:
-            graph_fb, graph_step = graphed_state(s.c, fb, step, held, graph_bytes)
+            graph_fb, graph_step, pool = graphed_state(s.c, fb, step, held, graph_bytes)
             graph_peak = max(graph_fb, graph_step)
             if graph_peak > peak:
                 peak = graph_peak
@@ -832,6 +868,7 @@ def _stages(s: _Setup, t: _Terms) -> tuple[list[StageMemory], int, float]:
         values["peak_allocated_gib"] = pk
         if graph_peak is not None:
             values["graphed_peak_allocated_gib"] = graph_peak * _INV_GIB
+            values["graph_pool_gib"] = pool * _INV_GIB
         if (fb < step and peak == step) or peak == graph_step:
             values["peak_phase"] = "optimizer_step"
         # _make inlined: this runs once per stage
@@ -861,43 +898,68 @@ class _Fit:
     nccl: float
     graph: float
     over_total: float
-    fits: bool | None
+    phases: list[Phase]
+    need: tuple[float, float]
+    verdict: Verdict | None
+    verdict_term: str
     fits_frag: bool | None
     headroom: float | None
 
 
-def _fit(s: _Setup, stages: list[StageMemory], most: int, peak_gib: float,
-         warnings: list[str]) -> _Fit:
-    """Phase 4: the reserved band, overheads outside the allocator and the fit on the GPU."""
+def _phase(name: Any, st: StageMemory, allocated: float, pool: float,
+           band_f: tuple[float, float], outside: float) -> Phase:
+    band = (allocated * band_f[0], allocated * band_f[1])
+    return _make(Phase, {
+        "phase": name, "stage": st.stage, "allocated_gib": allocated, "private_pool_gib": pool,
+        "reserved_band_gib": band, "outside_gib": outside,
+        "need_gib": (allocated + pool + band[0] + outside, allocated + pool + band[1] + outside)})
+
+
+def _phases(stages: list[StageMemory], band_f: tuple[float, float],
+            outside: float) -> list[Phase]:
+    """Per phase, the stage that needs the most: the eager warm-up (every saved tensor
+    allocated; also where full-iteration and local graphs keep their pool) and, with per-layer
+    TE graphs, the replayed steady state (graphed allocated + the graphs' private pool, which
+    eager code and the optimizer step cannot reuse). No byte in two terms."""
+    eager = max(stages, key=lambda st: st.peak_allocated_gib)
+    out = [_phase("eager", eager, eager.peak_allocated_gib, 0.0, band_f, outside)]
+    graphed = [st for st in stages if st.graphed_peak_allocated_gib is not None]
+    if graphed:
+        def need(st: StageMemory) -> float:
+            return st.graphed_peak_allocated_gib * (1 + band_f[0]) + (st.graph_pool_gib or 0)
+
+        g = max(graphed, key=need)
+        out.append(_phase("graphed_steady_state", g, g.graphed_peak_allocated_gib,
+                          g.graph_pool_gib or 0.0, band_f, outside))
+    return out
+
+
+def _fit(s: _Setup, stages: list[StageMemory], peak_gib: float, warnings: list[str]) -> _Fit:
+    """Phase 4: the reserved band, what lives outside the allocator, the phases and the
+    verdict on the GPU."""
     cfg, m = s.cfg, s.cfg.model
     expandable = ov.expandable_segments(cfg.env)
-    (lo_f, hi_f), band_source = ov.RESERVED_BAND[expandable]
-    band = (peak_gib * lo_f, peak_gib * hi_f)
+    band_f, band_source = ov.RESERVED_BAND[expandable]
+    band = (peak_gib * band_f[0], peak_gib * band_f[1])
     context_c = ov.cuda_context(s.arch)
     nccl = ov.nccl_bytes(tp=s.tp, cp=s.cp, dp=s.dp, pp=s.pp, ep=s.ep, edp=s.edp,
                          alltoall=m.moe_token_dispatcher_type != "allgather")
-    graph = graph_pool_gib(s.d.graphs, stages[most].activations_gib)
+    graph = graph_exec_gib(s.d.graphs)
     over_total = context_c.value + nccl / GIB + graph
-    fits = fits_frag = headroom = None
+    phases = _phases(stages, band_f, over_total)
+    need = (max(p.need_gib[0] for p in phases), max(p.need_gib[1] for p in phases))
+    verdict, term, fits_frag, headroom = None, "no GPU given: pass gpu (e.g. 'H100')", None, None
     capacity = s.capacity
     if capacity is not None:
-        need = peak_gib + over_total + band[0]
-        fits = need <= capacity
-        fits_frag = peak_gib + over_total + band[1] <= capacity
-        headroom = capacity - need
-        if fits and not fits_frag:
-            warnings.append(
-                f"fits only if fragmentation stays low: peak {peak_gib:.1f} GiB + overheads "
-                f"{over_total:.1f} GiB + up to {band[1]:.1f} GiB reserved-but-unallocated "
-                f"exceeds {capacity:.1f} GiB"
-                + ("" if expandable else "; set PYTORCH_CUDA_ALLOC_CONF="
-                                         "expandable_segments:True"))
-        elif not fits:
-            warnings.append(f"does not fit: stage {most} needs {need:.1f} GiB (peak "
-                            f"{peak_gib:.1f} + overheads {over_total:.1f} + reserved "
-                            f"{band[0]:.1f}) of {capacity:.1f} GiB")
-    return _Fit(band, band_source, expandable, context_c, nccl, graph, over_total, fits,
-                fits_frag, headroom)
+        verdict, term = judge(need[0], need[1], capacity)
+        fits_frag = need[1] <= capacity
+        headroom = capacity - need[0]
+        if verdict != "fits":
+            warnings.append(f"{verdict.replace('_', ' ')}: {term}"
+                            + ("" if expandable or fits_frag else
+                               "; set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"))
+    return _Fit(band, band_source, expandable, context_c, nccl, graph, over_total, phases,
+                need, verdict, term, fits_frag, headroom)
 
 
 def _config_notes(s: _Setup, f: _Fit) -> tuple[tuple[str, ...], tuple[str, ...],
@@ -955,7 +1017,7 @@ def estimate_memory(cfg: TrainingConfig, *, gpu: str | None = None,
     t = _terms(s)
     stages, most, peak_gib = _stages(s, t)
     warnings: list[str] = []
-    f = _fit(s, stages, most, peak_gib, warnings)
+    f = _fit(s, stages, peak_gib, warnings)
     notes = _config_notes(s, f)
     warnings += notes[0]
     assumptions = s.assumptions + list(notes[1])
@@ -965,8 +1027,10 @@ def estimate_memory(cfg: TrainingConfig, *, gpu: str | None = None,
         "reserved_band_gib": f.band,
         "overheads": _make(Overheads, {
             "cuda_context_gib": f.context_c.value, "nccl_gib": f.nccl * _INV_GIB,
-            "cuda_graph_pool_gib": f.graph, "total_gib": f.over_total}),
-        "gpu": s.gpu_name, "gpu_capacity_gib": s.capacity, "fits": f.fits,
+            "cuda_graphs_gib": f.graph, "total_gib": f.over_total}),
+        "gpu": s.gpu_name, "gpu_capacity_gib": s.capacity, "phases": f.phases,
+        "need_gib": f.need, "verdict": f.verdict, "verdict_term": f.verdict_term,
+        "margin": MARGIN_SOURCE, "fits": None if f.verdict is None else f.verdict == "fits",
         "fits_with_fragmentation": f.fits_frag, "headroom_gib": f.headroom,
         "total_params": s.shape.total_params, "layer_activations": _layer_summary(s),
         "parallelism": {"world_size": s.world, "tensor": s.tp, "pipeline": s.pp,
@@ -1100,7 +1164,7 @@ def format_estimate(report: MemoryReport, stage: int | None = None) -> str:
     lines.append(f"* most loaded: stage {report.most_loaded_stage}, peak allocated "
                  f"{report.peak_allocated_gib:.2f} GiB; reserved band +{lo:.2f}..+{hi:.2f} GiB; "
                  f"outside the allocator: context {o.cuda_context_gib:.2f} + NCCL "
-                 f"{o.nccl_gib:.2f} + CUDA graphs {o.cuda_graph_pool_gib:.2f} GiB")
+                 f"{o.nccl_gib:.2f} + CUDA graphs {o.cuda_graphs_gib:.2f} GiB")
     graphed = [s for s in report.per_stage if s.graphed_peak_allocated_gib is not None]
     if graphed:
         g = max(graphed, key=lambda s: s.graphed_peak_allocated_gib or 0.0)
@@ -1109,12 +1173,14 @@ def format_estimate(report: MemoryReport, stage: int | None = None) -> str:
                      "the graph pool, static inputs per layer-micro-batch in flight); the peaks "
                      "above "
                      "also cover the eager warm-up iterations")
-    if report.gpu_capacity_gib is not None:
-        verdict = ("fits" if report.fits else "does NOT fit")
-        if report.fits and not report.fits_with_fragmentation:
-            verdict += " (only if fragmentation stays low)"
-        lines.append(f"  {report.gpu} {report.gpu_capacity_gib:.2f} GiB: {verdict}, headroom "
-                     f"{report.headroom_gib:.2f} GiB")
+    for ph in report.phases if len(report.phases) > 1 else ():
+        lines.append(f"  {ph.phase.replace('_', ' ')} (stage {ph.stage}): allocated "
+                     f"{ph.allocated_gib:.2f} + graph pool {ph.private_pool_gib:.2f} + band "
+                     f"{ph.reserved_band_gib[0]:.2f}..{ph.reserved_band_gib[1]:.2f} + outside "
+                     f"{ph.outside_gib:.2f} = {ph.need_gib[0]:.2f}..{ph.need_gib[1]:.2f} GiB")
+    if report.gpu_capacity_gib is not None and report.verdict is not None:
+        lines.append(f"  {report.gpu} {report.gpu_capacity_gib:.2f} GiB: "
+                     f"{report.verdict.replace('_', ' ').upper()} - {report.verdict_term}")
     for w in report.warnings:
         lines.append(f"  warning: {w}")
     return "\n".join(lines)

@@ -1,8 +1,9 @@
-"""CUDA-graph memory, every term in one place: what the allocator counts once per-layer
-Transformer Engine graphs replay (``graph_vectors``, ``graphed_state``: the estimator's peak)
-and the private pool reported outside the allocator (``graph_pool_gib``: the fit decision).
-The two overlap today (the pool charges the graphed activations again); they live together so
-that the model replacing them has one module to change.
+"""CUDA-graph memory, every term in one place and each counted once: what the allocator counts
+as allocated once per-layer Transformer Engine graphs replay (``graph_vectors``,
+``graphed_state``), the private pool those graphs keep reserved (``graphed_state``'s pool:
+reserved, not allocated) and the instantiated graphs outside the allocator
+(``graph_exec_gib``). Full-iteration and ``local`` graphs capture the eager activations into
+their pool: the eager peak already counts them, so they add only the outside term.
 
 Why a second state: with ``cuda_graph_impl="transformer_engine"`` Megatron-Core runs the first
 ``cuda_graph_warmup_steps`` iterations eagerly, then captures one graph per layer and
@@ -101,26 +102,11 @@ def graphed(mixer: str, mlp: str, scopes: tuple[str, ...]) -> tuple[frozenset[st
     return frozenset(terms), bool(terms), attn
 
 
-def graph_pool_gib(graphs: Graphs, activations_gib: float) -> float:
-    """CUDA-graph private pool outside the allocator (GiB): the graphed share of the
-    most-loaded stage's activations plus a fixed per-process cost. Today's model, moved here
-    unchanged so that every CUDA-graph memory term lives in this module (it overlaps the
-    steady-state term above: the graphed activations counted again)."""
-    if not graphs.on:
-        return 0.0
-    mods = set(graphs.modules)
-    if graphs.full_iteration or not mods or (graphs.impl == "local" and mods <= {"full"}):
-        share = 1.0
-    else:
-        share = 0.0
-        if "attn" in mods:
-            share += 0.4
-        if "mlp" in mods or "moe" in mods:
-            share += 0.5
-        if mods & {"moe_router", "moe_preprocess"}:
-            share += 0.1
-        share = min(share, 1.0)
-    return ov.CUDA_GRAPH_FIXED.value + share * activations_gib
+def graph_exec_gib(graphs: Graphs) -> float:
+    """Outside the allocator once graphs exist: the instantiated graphs (cudaGraphExec, owned by
+    the driver) and their bookkeeping. No public per-node figure exists (cuda-graph-memory.md
+    §5, open question): a floor, ESTIMATED."""
+    return ov.CUDA_GRAPH_FIXED.value if graphs.on else 0.0
 
 
 def graph_vectors(c: Any, kinds: tuple[tuple[str, str], ...], terms_of: Any,
@@ -140,13 +126,19 @@ def graph_vectors(c: Any, kinds: tuple[tuple[str, str], ...], terms_of: Any,
 
 
 def graphed_state(c: Any, fb: float, step: float, held: tuple[Any, ...],
-                  graph_bytes: Any) -> tuple[float, float]:
+                  graph_bytes: Any) -> tuple[float, float, float]:
     """Forward/backward and optimizer-step bytes of a stage once its per-layer TE graphs replay:
     the graphed modules' saved tensors leave the allocated count for the graph pool; the
     graphs' static inputs stay allocated, one set per graphed layer-micro-batch in flight
     (shared across micro-batches that do not overlap), plus the shared static output-gradient
     buffer, through the optimizer step too. ``held``: (kind, FP8 layers, BF16 layers) in
-    flight; ``graph_bytes``: per kind the pooled BF16 / FP8 bytes and the static inputs."""
+    flight; ``graph_bytes``: per kind the pooled BF16 / FP8 bytes and the static inputs. The
+    third value is the private pool's high-water mark: the graphed saved tensors of the
+    layer-micro-batches in flight at the schedule's peak, which the one pool TE captures into
+    (in schedule order, reusing what finished micro-batches freed) keeps reserved for the
+    graphs' lifetime - reserved, not allocated, and not reusable by eager code or the optimizer
+    step (PyTorch CUDACachingAllocator private pools; TE make_graphed_callables one pool per
+    call; cuda-graph-memory.md §1-2)."""
     pooled_bf16, pooled_fp8, inputs = graph_bytes
     pooled = 0.0
     buffers = 0.0
@@ -155,7 +147,7 @@ def graphed_state(c: Any, fb: float, step: float, held: tuple[Any, ...],
         buffers += (w8 + w16) * inputs[k]
     if buffers:
         buffers += SHARED_GRAD_OUTPUTS * c.e * c.n / c.tsp * c.h
-    return fb - pooled + buffers, step + buffers
+    return fb - pooled + buffers, step + buffers, pooled
 
 
 def graphed_assumption(scopes: tuple[str, ...]) -> str:

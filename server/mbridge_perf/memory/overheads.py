@@ -51,10 +51,11 @@ NCCL_ALLTOALL_GIB = Constant(
     3.0, "NVIDIA/nccl#1685: an intra-node all_to_all_single on 8x H100 raised NCCL memory from "
          "1.06 GB to 4.34 GB (32 channels per GPU pair)")
 
-# CUDA-graph private pools: graphed activations live in a pool other tensors cannot reuse.
+# Instantiated CUDA graphs (cudaGraphExec) and their driver bookkeeping, outside the allocator.
 CUDA_GRAPH_FIXED = Constant(
-    0.5, "Megatron Bridge perf guide: graph pools cost 'a few GB', more than 10 GB with PP > 1; "
-         "a static floor for captured inputs and outputs (ESTIMATED)")
+    0.5, "no public per-node figure for instantiated graphs (cuda-graph-memory.md §5, open "
+         "question); a floor (ESTIMATED). The graphs' pools and static buffers are priced "
+         "inside the allocator (memory.graphs), not here")
 
 # Reserved-but-unallocated band as a fraction of peak allocated: (low, high).
 RESERVED_BAND = {

@@ -1,7 +1,7 @@
 """Which kind of layer sits where: the decoder's token mixer and MLP per layer, as Megatron-Core
-builds them from the model section (hybrid Mamba patterns, ``moe_layer_freq``, GatedDeltaNet's
-``linear_attention_freq``, MLA). Ground floor: the estimator, the recompute ladder and the
-resolved view all read the same layer kinds.
+builds them from the model section (hybrid Mamba patterns and their MTP layers,
+``moe_layer_freq``, GatedDeltaNet's ``linear_attention_freq``, MLA). Ground floor: the
+estimator, the recompute ladder and the resolved view all read the same layer kinds.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ MLPKind = Literal["dense", "moe", "none"]
 # Hybrid-pattern symbols (Megatron-Core `Symbols`): Mamba, attention, dense MLP, MoE.
 HYBRID_SYMBOLS = {"M": ("mamba", "none"), "*": ("attention", "none"), "-": ("none", "dense"),
                   "E": ("none", "moe")}
+MTP_SEPARATOR = "/"  # Megatron-Core's unified pattern: "<decoder>/<mtp depth 1>/<mtp depth 2>"
+MAX_PATTERN = 100_000  # symbols in a hybrid pattern (a bound, far above any real model)
 
 
 @dataclass(frozen=True)
@@ -62,19 +64,92 @@ def need_field(model: ModelSection, name: str) -> Any:
     return value
 
 
-def hybrid_pattern(model: ModelSection) -> str | None:
-    """The hybrid Mamba layer pattern, under either Bridge spelling."""
+def _hybrid_text(model: ModelSection) -> str | None:
     pattern = (opt_field(model, "hybrid_override_pattern")
                or opt_field(model, "hybrid_layer_pattern"))
     if pattern is None:
         return None
-    pattern = str(pattern)
+    if not isinstance(pattern, str):
+        raise ValueError(f"model.hybrid_layer_pattern must be a string of layer symbols, got "
+                         f"{type(pattern).__name__}")
+    if len(pattern) > MAX_PATTERN:
+        raise ValueError(f"model.hybrid_layer_pattern has {len(pattern)} symbols; more than "
+                         f"{MAX_PATTERN} is beyond any real model")
+    return pattern
+
+
+def _check_symbols(pattern: str, field: str, what: str) -> None:
     bad = sorted(set(pattern) - set(HYBRID_SYMBOLS))
     if bad:
-        raise ValueError(f"model.hybrid_override_pattern has symbols {bad} that are not "
-                         f"modelled (known: {sorted(HYBRID_SYMBOLS)}; MTP parts after '/' "
-                         "are not supported)")
-    return pattern
+        pipe = ("; '|' stage boundaries are not modelled: give the split with "
+                "pipeline_model_parallel_layout" if "|" in bad else "")
+        raise ValueError(f"model.{field} has symbols {bad} in its {what} that are not "
+                         f"modelled (known: {sorted(HYBRID_SYMBOLS)}{pipe})")
+
+
+def hybrid_pattern(model: ModelSection) -> str | None:
+    """The hybrid Mamba decoder's layer pattern, under either Bridge spelling: the part before
+    Megatron-Core's MTP separator '/' (what follows it is the MTP layers, see ``hybrid_mtp``)."""
+    text = _hybrid_text(model)
+    if text is None:
+        return None
+    main = text.split(MTP_SEPARATOR)[0]
+    _check_symbols(main, "hybrid_layer_pattern", "decoder part")
+    return main
+
+
+@dataclass(frozen=True)
+class HybridMTP:
+    """The MTP layers of a hybrid model as Megatron-Core builds them: one MTP layer per depth
+    is enorm, hnorm, eh_proj, a stack of hybrid layers spelled by ``pattern`` and a final norm;
+    ``physical`` layers hold parameters (1 when the one layer is repeated), ``depths`` run."""
+
+    pattern: str
+    depths: int
+    physical: int
+
+    @property
+    def kinds(self) -> tuple[LayerKind, ...]:
+        return tuple(LayerKind(*HYBRID_SYMBOLS[c]) for c in self.pattern)
+
+
+def hybrid_mtp(model: ModelSection) -> HybridMTP | None:
+    """MTP of a hybrid model, None when it has none. Megatron Bridge's HybridModelProvider
+    appends ``mtp_hybrid_override_pattern`` to the decoder pattern after '/', once per MTP
+    layer (once in all with ``mtp_use_repeated_layer``); a pattern may also carry the MTP parts
+    itself ("<decoder>/<mtp>/<mtp>", every part the same). Megatron-Core builds MTP only from
+    such a part, runs ``mtp_num_layers`` depths, and with ``mtp_use_repeated_layer`` holds one
+    layer's parameters."""
+    text = _hybrid_text(model)
+    if text is None:
+        return None
+    depths = int(model.mtp_num_layers or 0)
+    repeated = opt_field(model, "mtp_use_repeated_layer", False) is True
+    override = opt_field(model, "mtp_hybrid_override_pattern")
+    if override is not None and not isinstance(override, str):
+        raise ValueError(f"model.mtp_hybrid_override_pattern must be a string of layer symbols, "
+                         f"got {type(override).__name__}")
+    if override:  # Bridge rebuilds the MTP parts from it (the pattern's own are replaced)
+        if len(override) > MAX_PATTERN:
+            raise ValueError(f"model.mtp_hybrid_override_pattern has {len(override)} symbols; "
+                             f"more than {MAX_PATTERN} is beyond any real model")
+        _check_symbols(override, "mtp_hybrid_override_pattern", "MTP layer")
+        if not depths:
+            return None
+        return HybridMTP(override, depths, 1 if repeated else depths)
+    parts = [p for p in text.split(MTP_SEPARATOR)[1:]]
+    if not parts or all(p == "" for p in parts):
+        return None
+    if len(set(parts)) > 1:
+        raise ValueError(f"model.hybrid_layer_pattern has MTP parts {sorted(set(parts))} after "
+                         "'/'; Megatron-Core needs every MTP depth to spell the same layers")
+    _check_symbols(parts[0], "hybrid_layer_pattern", "MTP part")
+    if depths != len(parts) and not (repeated and depths):
+        raise ValueError(f"model.mtp_num_layers is {model.mtp_num_layers} but the hybrid "
+                         f"pattern has {len(parts)} MTP part(s) after '/'; set "
+                         f"model.mtp_num_layers={len(parts)} (Megatron Bridge infers it from the "
+                         "pattern)")
+    return HybridMTP(parts[0], depths, 1 if repeated else len(parts))
 
 
 def num_layers(model: ModelSection) -> int:

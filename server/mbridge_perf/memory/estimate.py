@@ -420,25 +420,25 @@ def _plan(shape: Shape, place: Placement, tp: int, ep_etp: int, vocab_rows: int,
                 dense += shape.final_norm
                 if not shape.tied or not ch.embedding:
                     dense += vocab_rows * h / tp
-            if ch.mtp:
+            mtp = ch.mtp if shape.mtp else 0  # a hybrid pattern without MTP parts builds none
+            if mtp:
                 if not ch.embedding:  # MTP embeds its shifted tokens with its own copy
                     dense += vocab_rows * h / tp + shape.positions
-                for depth in range(ch.mtp):
-                    b = shape.mtp[min(depth, len(shape.mtp) - 1)]
+                # one layer's parameters serve every depth when Megatron-Core repeats it
+                for b in shape.mtp[:mtp]:
                     dense += b.tp_sharded / tp + b.replicated
                     expert += b.routed / ep_etp
                     if fp8_on:
                         fp8_dense += b.tp_sharded / tp
                         fp8_expert += b.routed / ep_etp
-                if shape.mtp_kind >= 0:
-                    kinds_here.add(shape.mtp_kind)
-            cplans.append(_ChunkPlan(embedding=ch.embedding, loss=ch.loss, mtp=ch.mtp,
+                kinds_here.update(shape.mtp_kinds)
+            cplans.append(_ChunkPlan(embedding=ch.embedding, loss=ch.loss, mtp=mtp,
                                      layers=tuple(mix), groups=groups, kept=tuple(kept)))
         stages.append(_StagePlan(
             chunks=tuple(cplans), layers=tuple(i for ch in chunks for i in ch.layers),
             layers_per_chunk=tuple(ch.num_layers for ch in chunks),
             embedding=any(ch.embedding for ch in chunks),
-            output_layer=any(ch.loss for ch in chunks), mtp_layers=sum(ch.mtp for ch in chunks),
+            output_layer=any(ch.loss for ch in chunks), mtp_layers=sum(cp.mtp for cp in cplans),
             dense=dense, expert=expert, fp8_dense=fp8_dense, fp8_expert=fp8_expert,
             kinds=tuple(sorted(kinds_here))))
     out = tuple(stages)
@@ -755,8 +755,9 @@ def _terms(s: _Setup) -> _Terms:
     ckpt = group_input_bytes(c)
     mtp_extra = 4 * e * tok * h + 2 * stats + loss_act + 8 * n
     mtp_layer = 0.0
-    if shape.mtp_kind >= 0:
-        mtp_layer = ckpt if c.full is not None else s.kinds.total(shape.mtp_kind, False)
+    if shape.mtp_kinds:  # one depth: its transformer layer, or a hybrid MTP pattern's layers
+        mtp_layer = ckpt if c.full is not None else sum(
+            s.kinds.total(k, False) for k in shape.mtp_kinds)
     offload_layers = m.cpu_offloading_num_layers if (
         m.cpu_offloading and m.cpu_offloading_activations) else 0
     workspace = ov.ALLOCATED_WORKSPACE.value * GIB

@@ -23,6 +23,7 @@ from mbridge_perf.config.layers import (
     Mixer,
     MLPKind,
     as_model,
+    hybrid_mtp,
     hybrid_pattern,
     layer_kinds,
     need_field,
@@ -83,32 +84,45 @@ class LayerParams(BaseModel):
 
 
 class MTPLayerParams(BaseModel):
-    """One DeepSeek-style multi-token-prediction layer. The embedding and output layer are
-    shared with the main model and not counted again."""
+    """One multi-token-prediction layer: DeepSeek-style (one transformer layer) or, in a hybrid
+    Mamba model, a stack of hybrid layers spelled by the MTP pattern. The embedding and output
+    layer are shared with the main model and not counted again."""
 
     model_config = ConfigDict(frozen=True)
 
     depth: int
     layer: LayerParams
+    """The (first) inner layer."""
+    more_layers: tuple[LayerParams, ...] = ()
+    """The other inner layers of a hybrid MTP stack (e.g. the MoE layer of '*E')."""
     projection: int
     """eh_proj: concatenated [embedding, hidden] (2h) down to h, no bias."""
     norms: int
     """enorm, hnorm and the MTP layer's own final norm."""
 
+    @property
+    def inner_layers(self) -> tuple[LayerParams, ...]:
+        return (self.layer, *self.more_layers)
+
     @computed_field  # type: ignore[prop-decorator]
     @property
     def total(self) -> int:
-        return self.layer.total + self.projection + self.norms
+        return sum(x.total for x in self.inner_layers) + self.projection + self.norms
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def active(self) -> int:
-        return self.layer.active + self.projection + self.norms
+        return sum(x.active for x in self.inner_layers) + self.projection + self.norms
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def routed_experts(self) -> int:
+        return sum(x.routed_experts for x in self.inner_layers)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def tp_replicated(self) -> int:
-        return self.layer.tp_replicated + self.norms
+        return sum(x.tp_replicated for x in self.inner_layers) + self.norms
 
 
 class ParamCount(BaseModel):
@@ -161,7 +175,7 @@ class ParamCount(BaseModel):
     @property
     def routed_experts(self) -> int:
         return (sum(layer.routed_experts for layer in self.layers)
-                + sum(m.layer.routed_experts for m in self.mtp_layers))
+                + sum(m.routed_experts for m in self.mtp_layers))
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -348,16 +362,40 @@ def layer_params(model: ModelSection | Mapping[str, Any], layer_index: int) -> L
     return _layer(m, layer_index, kinds[layer_index])
 
 
-def mtp_layer_params(model: ModelSection | Mapping[str, Any], depth: int = 0) -> MTPLayerParams:
-    """One MTP layer: Megatron-Core reuses the last decoder layer's spec for its transformer
-    layer (softmax attention or MLA, never a linear-attention mixer)."""
+def mtp_layers(model: ModelSection | Mapping[str, Any]) -> int:
+    """MTP layers that hold parameters: ``mtp_num_layers``, one in all when Megatron-Core
+    repeats one layer (``mtp_use_repeated_layer``); a hybrid model has them only where its
+    pattern spells them (``mtp_hybrid_override_pattern`` or parts after '/')."""
     m = as_model(model)
     if hybrid_pattern(m) is not None:
-        raise ValueError("MTP layers of hybrid Mamba models are not modelled")
-    n_mtp = int(m.mtp_num_layers or 0)
+        mtp = hybrid_mtp(m)
+        return mtp.physical if mtp is not None else 0
+    depths = int(m.mtp_num_layers or 0)
+    if depths and opt_field(m, "mtp_use_repeated_layer", False) is True:
+        return 1
+    return depths
+
+
+def mtp_layer_params(model: ModelSection | Mapping[str, Any], depth: int = 0) -> MTPLayerParams:
+    """One MTP layer (of the ``mtp_layers`` that hold parameters). A GPT model's MTP layer reuses
+    the last decoder layer's spec for its transformer layer (softmax attention or MLA, never a
+    linear-attention mixer); a hybrid model's holds the layers its MTP pattern spells, each with
+    its one norm, like the decoder's."""
+    m = as_model(model)
+    n_mtp = mtp_layers(m)
     if not 0 <= depth < n_mtp:
-        raise ValueError(f"MTP depth {depth} out of range (model.mtp_num_layers={n_mtp})")
+        raise ValueError(f"MTP layer {depth} out of range ({n_mtp} MTP layer(s) hold "
+                         f"parameters; model.mtp_num_layers={m.mtp_num_layers})")
     h = int(need_field(m, "hidden_size"))
+    hybrid = hybrid_mtp(m)
+    if hybrid is not None:
+        first = num_layers(m) + depth * len(hybrid.pattern)
+        inner = tuple(_layer(m, first + j, kind) for j, kind in enumerate(hybrid.kinds))
+        if not inner:
+            raise ValueError("model.mtp_hybrid_override_pattern is empty: an MTP layer needs "
+                             "at least one layer symbol")
+        return MTPLayerParams(depth=depth, layer=inner[0], more_layers=inner[1:],
+                              projection=2 * h * h, norms=3 * _norm(m, h))
     last = layer_kinds(m)[-1]
     kind = LayerKind("mla" if m.multi_latent_attention else "attention", last.mlp)
     layer = _layer(m, num_layers(m) + depth, kind)
@@ -404,7 +442,7 @@ def count_params(model: ModelSection | Mapping[str, Any], *, pad_vocab: bool | N
     output = 0 if m.share_embeddings_and_output_weights else rows * h
     kinds = layer_kinds(m)
     layers = tuple(_layer(m, i, kind) for i, kind in enumerate(kinds))
-    mtp = tuple(mtp_layer_params(m, d) for d in range(int(m.mtp_num_layers or 0)))
+    mtp = tuple(mtp_layer_params(m, d) for d in range(mtp_layers(m)))
     return ParamCount(vocab_size=rows, embedding=rows * h + positions,
                       position_embedding=positions, output_layer=output,
                       final_norm=_norm(m, h), layers=layers, mtp_layers=mtp)

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from mbridge_perf.config.derived import Precision
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.model import ModelSection, TrainingConfig
-from mbridge_perf.memory.params import layer_kinds, layer_params, mtp_layer_params
+from mbridge_perf.memory.params import layer_kinds, layer_params, mtp_layer_params, mtp_layers
 
 # Fields of the model section the parameter count and the per-layer kinds depend on.
 SHAPE_FIELDS = (
@@ -93,9 +93,11 @@ class Shape:
     buckets: tuple[Bucket, ...]
     """Parameters per kind."""
     mtp: tuple[Bucket, ...]
-    """Parameters of each MTP layer."""
-    mtp_kind: int
-    """Kind id of the MTP layers' transformer layer (-1 when there are none)."""
+    """Parameters of each MTP layer that holds them (one when Megatron-Core repeats one layer
+    over the ``mtp_num_layers`` depths; none for a hybrid model whose pattern spells no MTP)."""
+    mtp_kinds: tuple[int, ...]
+    """Kind ids of the inner layers of one MTP depth (one transformer layer for GPT models, the
+    MTP pattern's layers for hybrid ones); () when there are none."""
     h: int
     positions: int
     """Learned absolute position embedding (replicated), 0 with RoPE."""
@@ -170,18 +172,21 @@ def _build_shape(m: ModelSection) -> Shape:
             row.append(row[-1] + (kid == k))
         prefix.append(tuple(row))
     mtp_buckets = []
-    mtp_kind = -1
-    for depth in range(int(m.mtp_num_layers or 0)):
+    mtp_kinds: tuple[int, ...] = ()
+    for depth in range(mtp_layers(m)):
         mp = mtp_layer_params(m, depth)
-        routed = mp.layer.routed_experts
+        routed = mp.routed_experts
         mtp_buckets.append(Bucket(tp_sharded=mp.total - routed - mp.tp_replicated,
                                   replicated=mp.tp_replicated, routed=routed))
-        key = (mp.layer.mixer, mp.layer.mlp)
-        if key not in distinct:
-            distinct.append(key)
-            prefix.append(tuple([0] * (len(kind_of) + 1)))
-            buckets.append(Bucket(0, 0, 0))
-        mtp_kind = distinct.index(key)
+        ids = []
+        for layer in mp.inner_layers:
+            key = (layer.mixer, layer.mlp)
+            if key not in distinct:
+                distinct.append(key)
+                prefix.append(tuple([0] * (len(kind_of) + 1)))
+                buckets.append(Bucket(0, 0, 0))
+            ids.append(distinct.index(key))
+        mtp_kinds = tuple(ids)
     h = int(m.hidden_size or 0)
     positions = 0
     if m.position_embedding_type == "learned_absolute":
@@ -199,7 +204,7 @@ def _build_shape(m: ModelSection) -> Shape:
              + sum(b.tp_sharded + b.replicated + b.routed for b in mtp_buckets))
     return Shape(num_layers=len(all_kinds), kinds=tuple(distinct), kind_of=tuple(kind_of),
                  prefix=tuple(prefix), buckets=tuple(buckets), mtp=tuple(mtp_buckets),
-                 mtp_kind=mtp_kind, h=h, positions=positions, final_norm=final_norm,
+                 mtp_kinds=mtp_kinds, h=h, positions=positions, final_norm=final_norm,
                  tied=tied, total_params=total)
 
 

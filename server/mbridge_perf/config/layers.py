@@ -6,8 +6,10 @@ estimator, the recompute ladder and the resolved view all read the same layer ki
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Literal
 
 from mbridge_perf.config.errors import ConfigError
@@ -209,6 +211,139 @@ def layer_kinds(model: ModelSection | Mapping[str, Any]) -> tuple[LayerKind, ...
     moe = moe_pattern(m)
     return tuple(LayerKind("gdn" if g else attn, "moe" if e else "dense")
                  for g, e in zip(gdn, moe, strict=True))
+
+
+
+# ---------------------------------------------------------------------------------------------
+# PEFT: which linears carry LoRA adapters (Megatron Bridge's LoRA / ModuleMatcher)
+
+LORA_DEFAULT_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+MAX_LORA_DIM = 65_536  # a rank beyond any adapter trained today (LoRA ranks are 4..256)
+MAX_LORA_TARGETS = 256
+MAX_LORA_TARGET_CHARS = 512
+
+
+@dataclass(frozen=True)
+class LoRASpec:
+    """A ``peft:`` section as Megatron Bridge's LoRA reads it: rank ``dim`` adapters on the
+    linears ``targets`` name (a module's own name, or a wildcard pattern over its full name),
+    or on every linear layer but ``exclude`` when no targets are given."""
+
+    dim: int
+    targets: tuple[str, ...]
+    exclude: tuple[str, ...] = ()
+    share_expert_adapters: bool = True
+    experts_shared_outer: bool = False
+    normalize_moe: bool = False
+    dropout: float = 0.0
+
+    @property
+    def all_linears(self) -> bool:
+        return not self.targets
+
+    def matches(self, name: str, full_names: tuple[str, ...], *, linear: bool = True) -> bool:
+        """Bridge's rule: a target equal to the module's name, or a wildcard pattern matching
+        its full name; with no targets, every linear layer whose name no exclude pattern
+        matches (``linear``: the module is one of the linear types Bridge walks for that)."""
+        if self.targets:
+            return any(name == t or _wild(t, full_names) for t in self.targets)
+        return linear and not any(name == x or _wild(x, full_names) for x in self.exclude)
+
+    @property
+    def indexed(self) -> tuple[str, ...]:
+        """Patterns naming layer indices: priced on every layer (Megatron numbers layers per
+        pipeline chunk, so such a pattern names a layer of every chunk): an upper bound."""
+        return tuple(t for t in (*self.targets, *self.exclude)
+                     if "." in t and any(part.isdigit() for part in t.split(".")))
+
+
+def _wild(pattern: str, full_names: tuple[str, ...]) -> bool:
+    """Bridge's wildcard_match ('*' = any text, anchored) of a pattern against a module's full
+    names; the layer index in them is tried as every index the pattern spells."""
+    if "*" not in pattern and "." not in pattern:
+        return False
+    rx = _pattern_rx(pattern)
+    digits = {part for part in pattern.split(".") if part.isdigit()} or {"0"}
+    return any(rx.match(n.replace("{i}", d)) for n in full_names for d in digits)
+
+
+@lru_cache(maxsize=256)
+def _pattern_rx(pattern: str) -> re.Pattern[str]:
+    return re.compile("^" + ".*".join(re.escape(p) for p in pattern.split("*")) + "$")
+
+
+def _short(value: Any) -> str:
+    """A value's repr cut to one readable line (errors never echo a huge input)."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _names(section: Mapping[str, Any], field: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    value = section.get(field, default)
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"peft.{field}", f"expected a list of module names, got "
+                                           f"{_short(value)}")
+    if len(value) > MAX_LORA_TARGETS:
+        raise ConfigError(f"peft.{field}", f"{len(value)} entries is beyond any real adapter "
+                                           f"set (limit {MAX_LORA_TARGETS}); check the list")
+    for v in value:
+        if not v or len(v) > MAX_LORA_TARGET_CHARS or not _MODULE_NAME.match(v):
+            raise ConfigError(f"peft.{field}", f"{_short(v)} is not a module name or "
+                                               "wildcard pattern (letters, digits, '_', '.', '*')")
+    return tuple(value)
+
+
+_MODULE_NAME = re.compile(r"^[A-Za-z0-9_.*]+$")
+
+
+def _flag(section: Mapping[str, Any], field: str, default: bool) -> bool:
+    value = section.get(field, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigError(f"peft.{field}", f"expected true or false, got {_short(value)}")
+    return value
+
+
+def lora_spec(section: Any) -> LoRASpec | None:
+    """The ``peft:`` section of a config (carried as given, Bridge's LoRA field names), read
+    and bounded; None when there is none. ``peft: lora`` stands for Bridge's LoRA defaults."""
+    if section is None:
+        return None
+    if isinstance(section, str):
+        if section.strip().lower() not in ("lora", "vlm_lora"):
+            raise ConfigError("peft", f"{_short(section)} is not a PEFT method priced here; "
+                                      "give a LoRA section (dim, target_modules, ...) or lora")
+        section = {}
+    if not isinstance(section, Mapping):
+        raise ConfigError("peft", f"expected a mapping of LoRA fields (dim, target_modules, "
+                                  f"...), got {type(section).__name__}")
+    dim = section.get("dim", section.get("rank", 32))
+    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= MAX_LORA_DIM:
+        raise ConfigError("peft.dim", f"the LoRA rank must be a whole number in 1.."
+                                      f"{MAX_LORA_DIM}, got {_short(dim)}")
+    targets = _names(section, "target_modules", LORA_DEFAULT_TARGETS)
+    exclude = _names(section, "exclude_modules", ())
+    if targets and exclude:
+        raise ConfigError("peft.exclude_modules", "give target_modules or exclude_modules, not "
+                                                  "both (Bridge's LoRA asserts one is empty)")
+    if section.get("canonical_mapping"):
+        raise ConfigError("peft.canonical_mapping", "a canonical mapping is set: give the "
+                                                    "adapted modules as target_modules")
+    dropout = section.get("dropout", 0.0)
+    if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not (
+            0 <= dropout < 1):
+        raise ConfigError("peft.dropout", f"expected a probability in [0, 1), got "
+                                          f"{_short(dropout)}")
+    return LoRASpec(dim=dim, targets=targets, exclude=exclude,
+                    share_expert_adapters=_flag(section, "share_expert_adapters", True),
+                    experts_shared_outer=_flag(section, "experts_shared_outer_loras", False),
+                    normalize_moe=_flag(section, "normalize_moe_lora", False),
+                    dropout=float(dropout))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 from mbridge_perf.config.derived import Derived
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.gpus import lookup_gpu
-from mbridge_perf.config.layers import opt_int
+from mbridge_perf.config.layers import lora_spec, opt_int
 from mbridge_perf.config.model import TrainingConfig
 from mbridge_perf.memory import overheads as ov
 from mbridge_perf.memory.activations import (
@@ -48,7 +48,14 @@ from mbridge_perf.memory.graphs import (
 from mbridge_perf.memory.params import padded_vocab_size
 from mbridge_perf.memory.pipeline import in_flight
 from mbridge_perf.memory.placement import Placement, placement
-from mbridge_perf.memory.state import Shape, model_shape, state_rates
+from mbridge_perf.memory.state import (
+    AdapterShape,
+    Shape,
+    adapter_shape,
+    model_shape,
+    peft_assumption,
+    state_rates,
+)
 from mbridge_perf.memory.verdict import MARGIN_SOURCE, Verdict, judge
 
 GIB = 2**30
@@ -359,24 +366,40 @@ class _StagePlan:
     fp8_dense: float
     fp8_expert: float
     kinds: tuple[int, ...]
+    lora_dense: float = 0.0
+    """PEFT: LoRA adapter parameters on one GPU of this stage (the trainable ones; the base
+    counted in dense / expert is frozen), non-expert and expert."""
+    lora_expert: float = 0.0
 
 
-_PLANS: dict[tuple[Any, ...], tuple[Shape, Placement, tuple[_StagePlan, ...]]] = {}
+_PLANS: dict[tuple[Any, ...], tuple[Shape, Placement, tuple[_StagePlan, ...],
+                                    AdapterShape | None]] = {}
 
 
 def _plan(shape: Shape, place: Placement, tp: int, ep_etp: int, vocab_rows: int, bf16_lo: int,
-          bf16_hi: int, full: str | None, full_n: int, fp8_on: bool) -> tuple[_StagePlan, ...]:
-    # shapes and placements are cached objects: key on identity, check it on a hit
-    key = (id(shape), id(place), tp, ep_etp, vocab_rows, bf16_lo, bf16_hi, full, full_n, fp8_on)
+          bf16_hi: int, full: str | None, full_n: int, fp8_on: bool, etp: int = 1,
+          lora: AdapterShape | None = None) -> tuple[_StagePlan, ...]:
+    # shapes and placements are cached objects: key on identity, check it on a hit (adapter
+    # shapes too; their spec is the rest of what they depend on)
+    key = (id(shape), id(place), tp, ep_etp, vocab_rows, bf16_lo, bf16_hi, full, full_n, fp8_on,
+           etp, id(lora))
     hit = _PLANS.get(key)
-    if hit is not None and hit[0] is shape and hit[1] is place:
+    if hit is not None and hit[0] is shape and hit[1] is place and hit[3] is lora:
         return hit[2]
     if len(_PLANS) > 512:
         _PLANS.clear()
     h = shape.h
+    # LoRA adapters per GPU of one layer of each kind / one MTP layer: non-expert ones over TP,
+    # expert ones over ETP (one set per EP rank) or EP x ETP (one per expert)
+    ad_kind = ad_mtp = ()
+    if lora is not None:
+        ad_kind = tuple((a.tp_sharded / tp, a.expert_shared / etp + a.expert_each / ep_etp)
+                        for a in lora.kinds)
+        ad_mtp = tuple((a.tp_sharded / tp, a.expert_shared / etp + a.expert_each / ep_etp)
+                       for a in lora.mtp)
     stages = []
     for chunks in place:
-        dense = expert = fp8_dense = fp8_expert = 0.0
+        dense = expert = fp8_dense = fp8_expert = lora_dense = lora_expert = 0.0
         cplans = []
         kinds_here: set[int] = set()
         for ch in chunks:
@@ -397,6 +420,9 @@ def _plan(shape: Shape, place: Placement, tp: int, ep_etp: int, vocab_rows: int,
                 expert += cnt * bucket.routed / ep_etp
                 fp8_dense += n_fp8 * bucket.tp_sharded / tp
                 fp8_expert += n_fp8 * bucket.routed / ep_etp
+                if ad_kind:
+                    lora_dense += cnt * ad_kind[k][0]
+                    lora_expert += cnt * ad_kind[k][1]
             groups = 0
             kept: list[tuple[int, int, int]] = []
             if full is not None and ch.num_layers:
@@ -420,6 +446,8 @@ def _plan(shape: Shape, place: Placement, tp: int, ep_etp: int, vocab_rows: int,
                 dense += shape.final_norm
                 if not shape.tied or not ch.embedding:
                     dense += vocab_rows * h / tp
+                if lora is not None and lora.output_rank:
+                    lora_dense += lora.output_rank * (h + vocab_rows) / tp
             mtp = ch.mtp if shape.mtp else 0  # a hybrid pattern without MTP parts builds none
             if mtp:
                 if not ch.embedding:  # MTP embeds its shifted tokens with its own copy
@@ -431,6 +459,9 @@ def _plan(shape: Shape, place: Placement, tp: int, ep_etp: int, vocab_rows: int,
                     if fp8_on:
                         fp8_dense += b.tp_sharded / tp
                         fp8_expert += b.routed / ep_etp
+                for a_dense, a_expert in ad_mtp[:mtp]:
+                    lora_dense += a_dense
+                    lora_expert += a_expert
                 kinds_here.update(shape.mtp_kinds)
             cplans.append(_ChunkPlan(embedding=ch.embedding, loss=ch.loss, mtp=mtp,
                                      layers=tuple(mix), groups=groups, kept=tuple(kept)))
@@ -440,9 +471,9 @@ def _plan(shape: Shape, place: Placement, tp: int, ep_etp: int, vocab_rows: int,
             embedding=any(ch.embedding for ch in chunks),
             output_layer=any(ch.loss for ch in chunks), mtp_layers=sum(cp.mtp for cp in cplans),
             dense=dense, expert=expert, fp8_dense=fp8_dense, fp8_expert=fp8_expert,
-            kinds=tuple(sorted(kinds_here))))
+            kinds=tuple(sorted(kinds_here)), lora_dense=lora_dense, lora_expert=lora_expert))
     out = tuple(stages)
-    _PLANS[key] = (shape, place, out)
+    _PLANS[key] = (shape, place, out, lora)
     return out
 
 
@@ -497,7 +528,8 @@ def _stage_weights(plans: tuple[_StagePlan, ...], counts: tuple[tuple[int, ...],
         # stages equal in all but their in-flight counts share the values that only depend on
         # what they hold (state, per-micro-batch activations, working set)
         twin = twins.setdefault((sp.dense, sp.expert, sp.fp8_dense, sp.fp8_expert, sp.kinds,
-                                 sp.embedding, sp.output_layer, sp.mtp_layers, unit), len(out))
+                                 sp.embedding, sp.output_layer, sp.mtp_layers, sp.lora_dense,
+                                 sp.lora_expert, unit), len(out))
         out.append((len(out), sp, cnts, tuple((k, v[0], v[1]) for k, v in rows.items()), gw,
                     ew, lw, mw, twin, unit))
     result = tuple(out)
@@ -608,6 +640,9 @@ class _Setup:
     assumptions: list[str]
     graphs: tuple[str, ...] | None
     """Per-layer TE CUDA graph modules (() = whole layers), None when layers run eager."""
+    lora: AdapterShape | None = None
+    """PEFT: the LoRA adapters of the config's peft section (the base is frozen); None
+    without one."""
 
 
 @dataclass(slots=True)
@@ -702,13 +737,17 @@ def _resolve(cfg: TrainingConfig, gpu: str | None, imbalance: float) -> _Setup:
     if fp8_on and p.first_last_layers_bf16:
         bf16_lo = min(p.num_layers_at_start_in_bf16, L)
         bf16_hi = max(L - p.num_layers_at_end_in_bf16, bf16_lo)
+    spec = lora_spec(cfg.carried().get("peft"))
+    lora = adapter_shape(m, shape, spec) if spec is not None else None
+    if lora is not None:
+        assumptions.append(peft_assumption(lora))
     plans = _plan(shape, place, tp, ep * etp, vocab_rows, bf16_lo, bf16_hi, c.full, c.full_n,
-                  fp8_on)
+                  fp8_on, etp, lora)
     # full recompute with per-layer graphs is rejected by Megatron-Core: priced eager
     graphs = d.graphs.te_scopes if c.full is None else None
     return _Setup(cfg, d, p, gpu_name, capacity, arch, shape, place, c, tp, pp, cp, ep, etp, vpp,
                   d.world_size, d.is_moe, dp, edp, mbs, rates, vocab_rows, kinds, fp8_on, bf16_lo,
-                  bf16_hi, plans, assumptions, graphs)
+                  bf16_hi, plans, assumptions, graphs, lora=lora)
 
 
 def _loss_terms(s: _Setup, tok: float, stats: float) -> tuple[float, float]:
@@ -789,6 +828,11 @@ def _shared_part(s: _Setup, t: _Terms, sp: _StagePlan, unit: tuple[Any, ...],
     r_w, r_w8 = rates.weight, rates.fp8_weight
     weights = ((dense - f8d) * r_w + f8d * r_w8) / rates.weight_shard_dense + (
         (expert - f8e) * r_w + f8e * r_w8) / rates.weight_shard_expert
+    if s.lora is not None:
+        # PEFT: the base is frozen (its weights only); the adapters (plain, never FP8, linears)
+        # carry weights, gradients and optimizer state like any trained parameter
+        dense, expert = sp.lora_dense, sp.lora_expert
+        weights += r_w * (dense / rates.weight_shard_dense + expert / rates.weight_shard_expert)
     grads = rates.grad * (dense / rates.grad_shard_dense + expert / rates.grad_shard_expert)
     optim_shard = dense / rates.dense_shard + expert / rates.expert_shard
     optimizer = rates.optim * optim_shard * (1.0 - rates.offload_fraction)
@@ -797,7 +841,8 @@ def _shared_part(s: _Setup, t: _Terms, sp: _StagePlan, unit: tuple[Any, ...],
     proto = {
         "stage": 0, "layers": (), "layers_per_chunk": (), "embedding": sp.embedding,
         "output_layer": sp.output_layer, "mtp_layers": sp.mtp_layers,
-        "params": int(dense + expert + 0.5), "expert_params": int(expert + 0.5),
+        "params": int(sp.dense + sp.expert + sp.lora_dense + sp.lora_expert + 0.5),
+        "expert_params": int(sp.expert + sp.lora_expert + 0.5),
         "weights_gib": weights * _INV_GIB, "grads_gib": grads * _INV_GIB,
         "optimizer_gib": optimizer * _INV_GIB, "static_gib": static * _INV_GIB,
         "activation_per_microbatch_gib": per_mb * _INV_GIB,

@@ -14,12 +14,14 @@ Pure arithmetic: no torch or megatron import.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, computed_field
 
+from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.layers import (
     LayerKind,
+    LoRASpec,
     Mixer,
     MLPKind,
     as_model,
@@ -446,3 +448,199 @@ def count_params(model: ModelSection | Mapping[str, Any], *, pad_vocab: bool | N
     return ParamCount(vocab_size=rows, embedding=rows * h + positions,
                       position_embedding=positions, output_layer=output,
                       final_norm=_norm(m, h), layers=layers, mtp_layers=mtp)
+
+
+# ---------------------------------------------------------------------------------------------
+# LoRA adapters: which linears a layer has (as Megatron-Core names them) and the adapter
+# parameters Megatron Bridge's LoRA puts on the ones a peft section targets
+
+
+class Linear(NamedTuple):
+    """One linear module of a layer, as LoRA sees it (full, unsharded feature counts)."""
+
+    path: str
+    """Module path inside the layer, e.g. ``self_attention.linear_qkv``."""
+    d_in: int
+    d_out: int
+    expert: bool = False
+    """A routed expert's linear: its adapter lives on each EP rank and splits over ETP."""
+    walked: bool = True
+    """One of the linear types Bridge adapts when no target_modules are given (column / row
+    parallel and TE linears; not TE's duplicated linears, grouped expert GEMMs or the router)."""
+    parts: tuple[tuple[str, int], ...] = ()
+    """CanonicalLoRA's names for the pieces of a fused linear and their output features
+    (linear_q / linear_k / linear_v of linear_qkv, linear_fc1_gate / linear_fc1_up of fc1)."""
+
+
+class Adapters(NamedTuple):
+    """Adapter parameters (A: in x r, B: r x out per adapted linear), global counts, split the
+    way Bridge shards them: non-expert adapters over TP (A and B are column / row parallel
+    linears), expert adapters over ETP, either one set every EP rank holds (shared by its
+    local experts) or one per expert (over EP x ETP)."""
+
+    tp_sharded: int = 0
+    expert_shared: int = 0
+    expert_each: int = 0
+    modules: tuple[str, ...] = ()
+    """Names of the adapted modules (``linear_qkv``, …)."""
+
+    def __add__(self, other: Any) -> Adapters:  # type: ignore[override]
+        return Adapters(self.tp_sharded + other.tp_sharded,
+                        self.expert_shared + other.expert_shared,
+                        self.expert_each + other.expert_each,
+                        tuple(dict.fromkeys((*self.modules, *other.modules))))
+
+    @property
+    def total(self) -> int:
+        return self.tp_sharded + self.expert_shared + self.expert_each
+
+
+def layer_linears(model: ModelSection | Mapping[str, Any], kind: LayerKind) -> tuple[Linear, ...]:
+    """The linear modules of one layer of this kind, in Megatron-Core's TE layer specs."""
+    m = as_model(model)
+    h = int(need_field(m, "hidden_size"))
+    out: list[Linear] = []
+    if kind.mixer == "attention":
+        a, g, d = _heads(m)
+        q = a * d * (2 if opt_field(m, "attention_output_gate", False) else 1)
+        out.append(Linear("self_attention.linear_qkv", h, q + 2 * g * d,
+                          parts=(("linear_q", q), ("linear_k", g * d), ("linear_v", g * d))))
+        out.append(Linear("self_attention.linear_proj", a * d, h))
+    elif kind.mixer == "mla":
+        a = int(need_field(m, "num_attention_heads"))
+        r_q, r_kv = m.q_lora_rank, m.kv_lora_rank
+        q_head = a * (m.qk_head_dim + m.qk_pos_emb_head_dim)
+        if r_q is None:
+            out.append(Linear("self_attention.linear_q_proj", h, q_head))
+        else:
+            out.append(Linear("self_attention.linear_q_down_proj", h, r_q, walked=False))
+            out.append(Linear("self_attention.linear_q_up_proj", r_q, q_head))
+        out.append(Linear("self_attention.linear_kv_down_proj", h, r_kv + m.qk_pos_emb_head_dim,
+                          walked=False))
+        out.append(Linear("self_attention.linear_kv_up_proj", r_kv,
+                          a * (m.qk_head_dim + m.v_head_dim)))
+        out.append(Linear("self_attention.linear_proj", a * m.v_head_dim, h))
+    elif kind.mixer == "gdn":
+        d_k = opt_int(m, "linear_key_head_dim", 128)
+        d_v = opt_int(m, "linear_value_head_dim", 128)
+        n_k = opt_int(m, "linear_num_key_heads", 16)
+        n_v = opt_int(m, "linear_num_value_heads", 32)
+        qk, v = n_k * d_k, n_v * d_v
+        out.append(Linear("self_attention.in_proj", h, 2 * qk + 2 * v + 2 * n_v))
+        out.append(Linear("self_attention.out_proj", v, h))
+    elif kind.mixer == "mamba":
+        head_dim = opt_int(m, "mamba_head_dim", 64)
+        state = opt_int(m, "mamba_state_dim", 128)
+        groups = opt_int(m, "mamba_num_groups", 8)
+        heads = opt_int(m, "mamba_num_heads", None)
+        d_inner = heads * head_dim if heads is not None else MAMBA_EXPAND * h
+        heads = heads if heads is not None else d_inner // head_dim
+        out.append(Linear("mixer.in_proj", h, 2 * d_inner + 2 * groups * state + heads))
+        out.append(Linear("mixer.out_proj", d_inner, h))
+    if kind.mlp == "dense":
+        out += _mlp_linears(m, "mlp", _ffn_width(m))
+    elif kind.mlp == "moe":
+        experts = int(need_field(m, "num_moe_experts"))
+        out.append(Linear("mlp.router", h, experts, walked=False))
+        grouped = bool(m.moe_grouped_gemm)
+        where = "mlp.experts" if grouped else "mlp.experts.local_experts.{e}"
+        out += _mlp_linears(m, where, int(m.moe_ffn_hidden_size or _ffn_width(m)), expert=True,
+                            walked=not grouped)
+        if m.moe_shared_expert_intermediate_size:
+            out += _mlp_linears(m, "mlp.shared_experts",
+                                int(m.moe_shared_expert_intermediate_size))
+    return tuple(out)
+
+
+def _mlp_linears(m: ModelSection, where: str, width: int, *, expert: bool = False,
+                 walked: bool = True) -> list[Linear]:
+    h = int(need_field(m, "hidden_size"))
+    gated = m.gated_linear_unit
+    parts = (("linear_fc1_gate", width), ("linear_fc1_up", width)) if gated else ()
+    return [Linear(f"{where}.linear_fc1", h, 2 * width if gated else width, expert, walked,
+                   parts),
+            Linear(f"{where}.linear_fc2", width, h, expert, walked)]
+
+
+def _adapt(m: ModelSection, spec: LoRASpec, linears: tuple[Linear, ...],
+           prefixes: tuple[str, ...]) -> Adapters:
+    """Adapter parameters of the targeted linears among ``linears`` (full names: each prefix +
+    the module path; ``{i}`` stands for a layer index)."""
+    tp_sharded = shared = each = 0
+    names: list[str] = []
+    for lin in linears:
+        name = lin.path.rsplit(".", 1)[-1]
+        full = tuple(p + lin.path.replace("{e}", "0") for p in prefixes)
+        whole = spec.matches(name, full, linear=lin.walked)
+        parts = [] if whole else [(p, out) for p, out in lin.parts if p in spec.targets]
+        pieces = [(lin.d_in, lin.d_out)] if whole else [(lin.d_in, out) for _, out in parts]
+        if not pieces:
+            continue
+        names.append(name if whole else "/".join(p for p, _ in parts))
+        if not lin.expert:
+            tp_sharded += sum(spec.dim * (i + o) for i, o in pieces)
+            continue
+        r = _expert_rank(m, spec)
+        experts = int(need_field(m, "num_moe_experts"))
+        grouped = bool(m.moe_grouped_gemm)
+        for i, o in pieces:
+            if grouped and spec.experts_shared_outer:  # gate_up A and down B shared
+                outer, inner = (i * r, r * o) if name == "linear_fc1" else (r * o, i * r)
+                shared += outer
+                each += experts * inner
+            elif grouped and spec.share_expert_adapters:
+                shared += r * (i + o)
+            else:  # one adapter per expert (SequentialMLP names each local expert's linear)
+                each += experts * r * (i + o)
+    return Adapters(tp_sharded, shared, each, tuple(names))
+
+
+def _expert_rank(m: ModelSection, spec: LoRASpec) -> int:
+    if not spec.normalize_moe:
+        return spec.dim
+    topk = int(m.moe_router_topk)
+    if spec.dim % topk:
+        raise ConfigError("peft.dim", f"normalize_moe_lora divides the rank by "
+                                      f"moe_router_topk={topk}; {spec.dim} does not divide")
+    return spec.dim // topk
+
+
+_DECODER = ("decoder.layers.{i}.", "module.decoder.layers.{i}.")
+
+
+def layer_adapters(model: ModelSection | Mapping[str, Any], kind: LayerKind,
+                   spec: LoRASpec) -> Adapters:
+    """LoRA adapters on one decoder layer of this kind."""
+    m = as_model(model)
+    return _adapt(m, spec, layer_linears(m, kind), _DECODER)
+
+
+def mtp_adapters(model: ModelSection | Mapping[str, Any], depth: int,
+                 spec: LoRASpec) -> Adapters:
+    """LoRA adapters on one MTP layer: its inner layers (named like the decoder's) and its
+    eh_proj (a column-parallel linear, adapted when targeted or when every linear is)."""
+    m = as_model(model)
+    h = int(need_field(m, "hidden_size"))
+    base = (f"mtp.layers.{depth}.", f"module.mtp.layers.{depth}.")
+    hybrid = hybrid_mtp(m)
+    if hybrid is not None:
+        total = Adapters()
+        for j, kind in enumerate(hybrid.kinds):
+            inner = tuple(b + f"mtp_model_layer.layers.{j}." for b in base)
+            total = total + _adapt(m, spec, layer_linears(m, kind), inner)
+    else:
+        last = layer_kinds(m)[-1]
+        kind = LayerKind("mla" if m.multi_latent_attention else "attention", last.mlp)
+        total = _adapt(m, spec, layer_linears(m, kind),
+                       tuple(b + "mtp_model_layer." for b in base))
+    return total + _adapt(m, spec, (Linear("eh_proj", 2 * h, h),), base)
+
+
+def output_adapter_rank(model: ModelSection | Mapping[str, Any], spec: LoRASpec) -> int:
+    """The LoRA rank on the (untied) output layer, 0 when it is not adapted: its adapter is
+    rank x (h + vocabulary rows), split over TP."""
+    m = as_model(model)
+    if m.share_embeddings_and_output_weights:
+        return 0
+    hit = spec.matches("output_layer", ("output_layer", "module.output_layer"))
+    return spec.dim if hit else 0

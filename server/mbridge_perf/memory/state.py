@@ -20,8 +20,19 @@ from typing import Any, NamedTuple
 
 from mbridge_perf.config.derived import Precision
 from mbridge_perf.config.errors import ConfigError
+from mbridge_perf.config.layers import LayerKind, LoRASpec
 from mbridge_perf.config.model import ModelSection, TrainingConfig
-from mbridge_perf.memory.params import layer_kinds, layer_params, mtp_layer_params, mtp_layers
+from mbridge_perf.memory.params import (
+    Adapters,
+    layer_adapters,
+    layer_kinds,
+    layer_linears,
+    layer_params,
+    mtp_adapters,
+    mtp_layer_params,
+    mtp_layers,
+    output_adapter_rank,
+)
 
 # Fields of the model section the parameter count and the per-layer kinds depend on.
 SHAPE_FIELDS = (
@@ -281,3 +292,98 @@ def state_rates(cfg: TrainingConfig, p: Precision, dp: int, edp: int) -> StateRa
         grad_shard_expert=expert if shard_grad else 1,
         weight_shard_dense=dense if shard_w else 1, weight_shard_expert=expert if shard_w else 1,
         offload_fraction=o.optimizer_offload_fraction if o.optimizer_cpu_offload else 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# PEFT: the LoRA adapters a shape carries (the base is frozen)
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterShape:
+    """LoRA adapters of a model shape, global counts: per layer kind (aligned with
+    ``Shape.kinds``), per MTP layer and the output layer's rank (0 when not adapted)."""
+
+    spec: LoRASpec
+    kinds: tuple[Adapters, ...]
+    mtp: tuple[Adapters, ...]
+    output_rank: int
+    total: int
+    """Every adapter parameter once (output layer at the unpadded vocabulary)."""
+    modules: tuple[str, ...]
+    """Adapted module names, in layer order."""
+    unmatched: tuple[str, ...]
+    """Targets that name no module of this model (Bridge warns and adapts nothing for them)."""
+    adapted_layers: int
+    """Decoder layers with at least one adapter."""
+
+
+_ADAPTERS: dict[tuple[int, LoRASpec], tuple[Shape, AdapterShape]] = {}
+
+
+def adapter_shape(m: ModelSection, shape: Shape, spec: LoRASpec) -> AdapterShape:
+    """The adapters ``spec`` puts on this model (cached per shape object and spec)."""
+    key = (id(shape), spec)
+    hit = _ADAPTERS.get(key)
+    if hit is not None and hit[0] is shape:
+        return hit[1]
+    if len(_ADAPTERS) > 256:
+        _ADAPTERS.clear()
+    layer_kinds_ = [LayerKind(*k) for k in shape.kinds]  # type: ignore[arg-type]
+    kinds = tuple(layer_adapters(m, k, spec) for k in layer_kinds_)
+    mtp = tuple(mtp_adapters(m, d, spec) for d in range(len(shape.mtp)))
+    rank = output_adapter_rank(m, spec)
+    per_kind = [shape.prefix[k][-1] for k in range(len(shape.kinds))]
+    total = (sum(n * a.total for n, a in zip(per_kind, kinds, strict=True))
+             + sum(a.total for a in mtp) + rank * (shape.h + int(m.vocab_size or 0)))
+    modules = tuple(dict.fromkeys(
+        [x for a in (*kinds, *mtp) for x in a.modules] + (["output_layer"] if rank else [])))
+    known = {name for k in layer_kinds_ for lin in layer_linears(m, k)
+             for name in (lin.path.rsplit(".", 1)[-1], *(p for p, _ in lin.parts))}
+    known |= {"output_layer", "eh_proj"}
+    unmatched = tuple(t for t in spec.targets if "*" not in t and "." not in t
+                      and t not in known)
+    adapted = sum(n for n, a in zip(per_kind, kinds, strict=True) if a.total)
+    out = AdapterShape(spec, kinds, mtp, rank, total, modules, unmatched, adapted)
+    _ADAPTERS[key] = (shape, out)
+    return out
+
+
+def _millions(n: float) -> str:
+    return f"{n / 1e6:.1f}M" if n < 1e9 else f"{n / 1e9:.2f}B"
+
+
+def _expert_words(lora: AdapterShape) -> str:
+    shared = any(a.expert_shared for a in (*lora.kinds, *lora.mtp))
+    each = any(a.expert_each for a in (*lora.kinds, *lora.mtp))
+    if not shared and not each:
+        return ""
+    how = " and ".join(w for w, on in (("one set per EP rank shared by its experts", shared),
+                                        ("one per expert", each)) if on)
+    return f"; expert adapters over ETP, {how}"
+
+
+def peft_assumption(lora: AdapterShape) -> str:
+    """What the estimate assumed about a peft section, in one paragraph for the report."""
+    spec = lora.spec
+    where = ("every linear layer" + (f" but {', '.join(spec.exclude)}" if spec.exclude else "")
+             if spec.all_linears else ", ".join(lora.modules) or "no module")
+    text = (f"PEFT (Megatron Bridge LoRA, rank {spec.dim}): adapters on {where} "
+            f"({lora.adapted_layers} decoder layers"
+            + (f", {len(lora.mtp)} MTP layer(s)" if any(a.total for a in lora.mtp) else "")
+            + (", the output layer" if lora.output_rank else "")
+            + f"), {_millions(lora.total)} parameters in all (A: in x rank, B: rank x out per "
+            "adapted linear; split over TP" + _expert_words(lora)
+            + "), trained with weights, gradients and optimizer state; the frozen base keeps "
+            "only its weights (in the params dtype, FP8 copies as configured): no FP32 main "
+            "copy, no gradients, no optimizer state. Activations as for full fine-tuning "
+            "(a frozen linear that keeps no input for a weight gradient is not credited): an "
+            "upper bound")
+    if spec.dropout:
+        text += f"; LoRA dropout {spec.dropout:g} masks not counted"
+    if lora.unmatched:
+        text += (f"; target(s) {', '.join(lora.unmatched)} name no module of this model: no "
+                 "adapter there (Bridge warns)")
+    if spec.indexed:
+        text += (f"; pattern(s) {', '.join(spec.indexed)} name layer indices, priced on every "
+                 "layer (Megatron numbers layers per pipeline chunk): an upper bound")
+    return text

@@ -45,8 +45,7 @@ def _configs() -> dict[str, TrainingConfig]:
             continue
     for name in load_presets():
         out[f"preset:{name}"] = load_config(preset=name)
-        out[f"preset-bf16:{name}"] = load_config(preset=name,
-                                                 overrides=["mixed_precision=bf16_mixed"])
+        out[f"preset-fp32:{name}"] = load_config(preset=name, overrides=["model.bf16=false"])
     for path in sorted((REPO / "examples").glob("*.yaml")):
         out[f"example:{path.name}"] = load_config(file=path)
     return out
@@ -149,10 +148,13 @@ def test_every_door_reads_recompute_attention_and_graphs_the_same_way(part: str)
 
 
 def test_an_fp32_config_is_unfused_and_a_bf16_one_fused() -> None:
-    fp32 = Derived(load_config(preset="llama3-8b"))
+    fp32 = Derived(load_config(preset="llama3-8b", overrides=["model.bf16=false"]))
     bf16 = Derived(load_config(preset="llama3-8b", overrides=["mixed_precision=bf16_mixed"]))
+    unset = Derived(load_config(preset="llama3-8b"))
     assert not fp32.fused_attention and fp32.first_selective_modules() == ["core_attn"]
     assert bf16.fused_attention and bf16.first_selective_modules() == ["layernorm"]
+    # a preset naming no precision trains as Bridge's recipes do: bf16_mixed
+    assert unset.precision.assumed and unset.precision.bf16 and unset.fused_attention
 
 
 def test_recompute_modules_have_one_default_rule() -> None:
@@ -185,7 +187,7 @@ async def _call(client: Client, name: str, args: dict[str, Any]) -> dict[str, An
 
 
 FP32 = {"preset": "llama3-8b", "overrides": [
-    "model.tensor_model_parallel_size=2", "cluster.num_gpus=8", "cluster.gpu=H100",
+    "model.bf16=false", "model.tensor_model_parallel_size=2", "cluster.num_gpus=8", "cluster.gpu=H100",
     "train.global_batch_size=64"]}
 
 

@@ -93,7 +93,8 @@ def test_first_module_follows_the_architecture() -> None:
     assert first_selective_modules(mla)[0] == "mla_up_proj"
     assert first_selective_modules(moe) == ["moe_act"]
     # FP32: Transformer Engine falls back to unfused attention, so core_attn comes first
-    assert first_selective_modules(load_config(preset="deepseek-v3"))[0] == "core_attn"
+    fp32 = load_config(preset="deepseek-v3", overrides=["model.bf16=false"])
+    assert first_selective_modules(fp32)[0] == "core_attn"
 
 
 @pytest.mark.anyio

@@ -298,7 +298,10 @@ async def test_estimate_memory_on_the_seeds_case(client: Client) -> None:
     assert not err
     assert out["most_loaded_stage"] == 0 and len(out["per_stage"]) == 4
     assert 50 < out["peak_allocated_gib"] < 65  # measured 58.8 GB = 54.8 GiB on rank 0
-    assert out["fits"] is True and out["fits_with_fragmentation"] is False
+    # the seeds' OOM was fragmentation: tight, decided by the reserved band, not capacity
+    assert out["verdict"] == "tight" and "reserved band" in out["verdict_term"]
+    assert out["fits"] is False and out["fits_with_fragmentation"] is False
+    assert out["answer_markdown"].startswith("**Verdict: tight**")
     low, high = out["reserved_band_gib"]
     assert 0 < low < high
     stage = out["per_stage"][0]

@@ -126,7 +126,7 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
 
     plan = recommend_recompute(_load_config(args), target_gib=args.target_gib, gpu=args.gpu)
     print(plan.model_dump_json(indent=2) if args.json else plan.answer_markdown)
-    return 0 if plan.first_fitting_step is not None else 1
+    return 0 if plan.first_fitting_step is not None or plan.baseline.fits else 1
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:

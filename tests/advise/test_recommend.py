@@ -299,3 +299,54 @@ def test_every_step_config_passes_validate_on_other_architectures(
         if s.rung == "full":
             assert {"model.recompute_method", "model.recompute_num_layers"} <= set(
                 s.config_changes)
+
+
+# --------------------------------------------------------------------------- verdicts
+
+DUMP = REPO / "examples" / "llama3_70b_sft_32gpu_h100_fp8cs_bridge_dump.yaml"
+
+
+def test_the_ladder_stops_at_the_allocator_on_the_seed_dump_without_it() -> None:
+    """The real Bridge dump of the seeds' recipe without its allocator variable: tight (the
+    reserved band decides), the first step is expandable_segments and it fits; mlp and the
+    rest are optional margin, never needed, and no step touches TP."""
+    cfg = load_config(file=DUMP, overrides=["env.PYTORCH_CUDA_ALLOC_CONF="])
+    plan = recommend_recompute(cfg, gpu="H100")
+    assert plan.baseline.verdict == "tight" and plan.scenario == "fragmentation"
+    first = plan.steps[0]
+    assert first.rung == "allocator" and first.verdict in ("fits", "tight")
+    assert plan.first_fitting_step == 0
+    assert all(s.optional for s in plan.steps[1:])
+    assert not any("tensor_model_parallel_size" in k for s in plan.steps
+                   for k in s.config_changes)
+    assert "stop at the first that fits or is tight (step 1: " in plan.answer_markdown
+    assert "optional margin" in plan.answer_markdown
+
+
+def test_a_config_that_fits_gets_no_steps_cli_and_mcp(tmp_path) -> None:
+    import subprocess
+
+    from helpers import tool
+
+    plan = recommend_recompute(load_config(file=DUMP), gpu="H100")
+    assert plan.baseline.verdict == "fits" and plan.scenario == "fits"
+    assert plan.steps == [] and plan.first_fitting_step is None
+    assert "already fits" in plan.answer_markdown
+    proc = subprocess.run([tool("mbridge-perf"), "recommend", str(DUMP), "--gpu", "H100",
+                           "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load(proc.stdout)["steps"] == []
+
+
+@pytest.mark.anyio
+async def test_a_config_that_fits_gets_no_steps_over_mcp() -> None:
+    from mcp import Client
+
+    from mbridge_perf.server import build_server
+
+    async with Client(build_server(REPO)) as c:
+        r = await c.call_tool("recommend_recompute", {"config": {
+            "bridge_config": DUMP.read_text(), "overrides": ["cluster.gpu=H100"]}})
+    assert not r.is_error
+    assert r.structured_content["steps"] == []
+    assert r.structured_content["baseline"]["verdict"] == "fits"

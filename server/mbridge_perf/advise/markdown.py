@@ -28,19 +28,25 @@ NOT_FIXES = (
 def _verdict(plan: RecomputePlan) -> str:
     b = plan.baseline
     lo, hi = b.reserved_band_gib
-    head = (f"Estimated peak allocated {b.est_peak_gib:.1f} GiB on the most-loaded stage, "
+    head = (f"**Verdict: {b.verdict.replace('_', ' ')}** - {b.verdict_term}. Estimated peak "
+            f"allocated {b.est_peak_gib:.1f} GiB on the most-loaded stage, "
             f"+ {b.overheads_gib:.1f} GiB outside the allocator, + {lo:.1f}-{hi:.1f} GiB "
             f"reserved-but-unallocated band = up to {b.est_need_gib:.1f} GiB of "
             f"{plan.budget_gib:.1f} GiB ({plan.budget_source}).")
     why = {"fragmentation": "The peak itself fits; the risk is the allocator's reserved band "
                             "(fragmentation), so the allocator setting comes first.",
            "capacity": "The peak itself does not fit: this is a capacity problem.",
-           "fits": "It fits with the band's high end; the rungs below are for more margin."}
+           "tight": "It fits with the band's high end but inside the estimator's margin; the "
+                    "first step below buys margin.",
+           "fits": "It already fits with margin: nothing to change for memory."}
     return f"{head} **Scenario: {plan.scenario}.** {why[plan.scenario]}"
 
 
 def _step(s: RecomputeStep) -> str:
-    mark = "fits" if s.fits else "does not fit yet"
+    mark = {"fits": "fits", "tight": "tight (fits inside the estimate's uncertainty)",
+            "does_not_fit": "does not fit yet"}[s.verdict]
+    if s.optional:
+        mark = f"optional margin, {mark}"
     cost = s.throughput_cost
     cost_txt = cost.text + ("" if cost.basis == "none" else f" [{cost.basis}]")
     return (f"{s.index + 1}. **{s.action}** - {mark}: peak {s.est_peak_gib:.1f} GiB "
@@ -55,9 +61,15 @@ def plan_markdown(plan: RecomputePlan, cfg: TrainingConfig) -> str:
     if plan.baseline.findings:
         lines += ["Validator errors in the config as given (fix these too): "
                   + "; ".join(plan.baseline.findings), ""]
-    lines += ["Apply the steps in order and stop at the first that fits"
-              + (f" (step {plan.first_fitting_step + 1})." if plan.first_fitting_step
-                 is not None else "; none fits here."), ""]
+    first = plan.first_fitting_step
+    if plan.scenario == "fits":
+        lines += [f"- {n}" for n in plan.notes]
+        lines += ["", NOT_FIXES]
+        return "\n".join(lines)
+    lines += ["Apply the steps in order and stop at the first that fits or is tight"
+              + (f" (step {first + 1}: {plan.steps[first].verdict}); the steps after it are "
+                 "optional margin, not needed." if first is not None else "; none fits here."),
+              ""]
     allocator_notes = [n for n in plan.notes if "expandable_segments" in n]
     lines += [f"- {n}" for n in allocator_notes]
     shown_attn = False

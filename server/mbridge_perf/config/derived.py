@@ -87,10 +87,27 @@ class Precision:
     num_layers_at_end_in_bf16: int
     reuse_grad_buf_for_mxfp8_param_ag: bool
     from_mixed_precision: bool  # False: read from the model section alone
+    assumed: bool = False
+    """No precision was given anywhere: priced as Bridge's recipes train (bf16_mixed)."""
+
+
+DEFAULT_RECIPE = "bf16_mixed"
+"""What a config that names no precision trains in: every Megatron Bridge recipe sets a
+mixed-precision recipe, bf16_mixed unless it says otherwise. FP32 only when asked for
+(mixed_precision: null, or model.bf16 / fp16 written out)."""
+_PRECISION_FIELDS = frozenset(MIXED_PRECISION_DEFAULTS) | {"fp4_param", "params_dtype"}
+
+
+def precision_unset(cfg: TrainingConfig) -> bool:
+    """Neither mixed_precision nor a model precision field was written."""
+    return "mixed_precision" not in cfg.model_fields_set and not (
+        _PRECISION_FIELDS & cfg.model.model_fields_set)
 
 
 def resolve_precision(cfg: TrainingConfig) -> Precision:
     m, mp = cfg.model, cfg.mixed_precision
+    if mp is None and precision_unset(cfg):
+        return _assumed_precision()
     if mp is None:
         return _model_precision(
             m.bf16, m.fp16, m.fp8, m.fp8_recipe, m.fp8_param, m.fp4, m.fp4_recipe,
@@ -118,6 +135,13 @@ def _model_precision(bf16: bool, fp16: bool, fp8: str | None, fp8_recipe: str, f
         num_layers_at_start_in_bf16=num_layers_at_start_in_bf16,
         num_layers_at_end_in_bf16=num_layers_at_end_in_bf16,
         reuse_grad_buf_for_mxfp8_param_ag=False, from_mixed_precision=False)
+
+
+@lru_cache(maxsize=1)
+def _assumed_precision() -> Precision:
+    values = dict(MIXED_PRECISION_DEFAULTS) | MIXED_PRECISION_RECIPES[DEFAULT_RECIPE]
+    values["fp8_param"] = values["fp8_param_gather"]
+    return Precision(**values, from_mixed_precision=True, assumed=True)  # type: ignore[arg-type]
 
 
 @lru_cache(maxsize=64)

@@ -1013,7 +1013,7 @@ def _config_notes(s: _Setup, f: _Fit) -> tuple[tuple[str, ...], tuple[str, ...],
     """Phase 5: the config's warnings, assumptions and gaps (cached per what they read)."""
     cfg, m, p, c, shape = s.cfg, s.cfg.model, s.p, s.c, s.shape
     o, dd = cfg.optimizer, cfg.ddp
-    note_key = (c, shape.kinds, f.expandable, s.arch, p.bf16, p.fp16, p.fp8,
+    note_key = (c, shape.kinds, f.expandable, s.arch, p.assumed, p.bf16, p.fp16, p.fp8,
                 p.grad_reduce_in_fp32, p.first_last_layers_bf16, s.is_moe,
                 o.optimizer_cpu_offload, o.optimizer_offload_fraction, dd.use_megatron_fsdp,
                 dd.data_parallel_sharding_strategy, m.cpu_offloading,
@@ -1093,6 +1093,10 @@ def _notes(cfg: TrainingConfig, d: Derived, c: ActContext, shape: Shape, expanda
     """Plain-words assumptions, warnings and gaps that depend on the config."""
     m, p = cfg.model, d.precision
     half = p.bf16 or p.fp16
+    if p.assumed:
+        assumptions.append("no precision given: priced as Megatron Bridge's recipes train "
+                           "(mixed_precision=bf16_mixed); write mixed_precision, or model.bf16 "
+                           "/ fp16 (false for FP32), to price another")
     attn = ("fused (flash / cuDNN: no s² scores kept)" if c.fused_attn
             else "unfused (a·s² scores, probabilities and dropout masks kept)")
     assumptions.append(f"activations in {'BF16/FP16' if c.e == 2 else 'FP32'}; attention {attn}")

@@ -85,3 +85,24 @@ def test_cli_plan() -> None:
     r = _cli("plan", "--preset", "qwen3-235b-a22b", "--gpus", "0", "--gpu", "GB200",
              "--seq", "4096", "--gbs", "128")
     assert r.returncode == 2 and "--gpus" in r.stderr
+
+
+def test_cli_plan_deepseek_128k_preset_lists_the_seed_family() -> None:
+    """The long-context seed's family (TP·CP = 32, PP 8, EP 32) on 256 H100 at 128K from the
+    bare preset: priced in Bridge's bf16_mixed (the preset names no precision), and rescued by
+    the memory ladder's distributed optimizer, the long-context module set and optimizer
+    offload instead of being rejected for memory."""
+    r = _cli("plan", "--preset", "deepseek-v3", "--gpus", "256", "--gpu", "h100", "--seq",
+             "131072", "--gbs", "128", "--json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    seed = [lay for lay in plan["layouts"]
+            if lay["tensor_model_parallel_size"] * lay["context_parallel_size"] == 32
+            and lay["pipeline_model_parallel_size"] == 8
+            and lay["expert_model_parallel_size"] == 32]
+    assert seed and seed[0]["fit"] in ("as_set", "with_rung")
+    if seed[0]["fit"] == "with_rung":
+        assert "optimizer CPU offload" in seed[0]["rung"]
+        assert "mla_up_proj" in seed[0]["rung"]
+    assert not [f for f in plan["rejected"]
+                if f["family"].startswith("TP1 PP8 CP32 EP32") and "memory" in f["reason"]]

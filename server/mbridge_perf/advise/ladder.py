@@ -2,7 +2,8 @@
 every tool that climbs it (``recommend_recompute`` prices every rung; the planner's rescue stops
 at the first rung that fits a layout).
 
-The order, cheapest first: the allocator setting (free), the selective-recompute modules the
+The order, cheapest first: the allocator setting (free), the distributed optimizer where
+DP·CP > 1 (about free, and what optimizer offload needs), the selective-recompute modules the
 architecture calls for (a few percent each; mlp, shared_experts and moe last), full recompute
 (about a third more compute), optimizer CPU offload (1.9x-4.2x step time measured). Long
 context (32K and beyond, the long-context skill) is a parameter of the order, not a second copy:
@@ -51,6 +52,17 @@ def allocator_applies(cfg: TrainingConfig) -> bool:
     return not ov.expandable_segments(cfg.env) and not cfg.ddp.nccl_ub
 
 
+DISTRIBUTED_OPTIMIZER: dict[str, Any] = {"optimizer.use_distributed_optimizer": True,
+                                         "ddp.use_distributed_optimizer": True}
+
+
+def distributed_optimizer_applies(cfg: TrainingConfig, d: Derived) -> bool:
+    """Not on yet, not under Megatron-FSDP, and something to shard over (DP·CP > 1)."""
+    if cfg.optimizer.use_distributed_optimizer or cfg.ddp.use_megatron_fsdp:
+        return False
+    return (d.dp or 1) * d.cp > 1
+
+
 def selective_changes(cfg: TrainingConfig, mods: list[str]) -> dict[str, Any]:
     """Selective recompute of exactly ``mods``."""
     changes: dict[str, Any] = {}
@@ -78,15 +90,20 @@ def offload_changes(fraction: float) -> dict[str, Any]:
 
 def rescue_rungs(cfg: TrainingConfig, d: Derived, *, long_context: bool) -> list[Rung]:
     """The ladder as single rungs for a walk that keeps each accepted rung and stops at the
-    first that fits: the allocator, the selective modules one by one (each to be added to the
-    modules kept so far), full recompute (uniform, one layer: the largest saving; not at long
-    context), then optimizer CPU offload at growing fractions (needs the distributed
-    optimizer)."""
+    first that fits: the allocator, the distributed optimizer, the selective modules one by one
+    (each to be added to the modules kept so far), full recompute (uniform, one layer: the
+    largest saving; not at long context), then optimizer CPU offload at growing fractions
+    (needs the distributed optimizer: on already or from its rung)."""
     m = cfg.model
     steps: list[Rung] = []
     if allocator_applies(cfg):
         steps.append(Rung("allocator", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
                           allocator_changes(cfg, d)))
+    distopt = cfg.optimizer.use_distributed_optimizer
+    if distributed_optimizer_applies(cfg, d):
+        steps.append(Rung("distributed_optimizer", "distributed optimizer "
+                          "(use_distributed_optimizer=true)", dict(DISTRIBUTED_OPTIMIZER)))
+        distopt = True
     if m.recompute_granularity != "full":
         have = d.recompute.selective
         for mod in d.selective_order(long_context=long_context):
@@ -98,7 +115,7 @@ def rescue_rungs(cfg: TrainingConfig, d: Derived, *, long_context: bool) -> list
             steps.append(Rung("full", "full recompute (uniform, recompute_num_layers=1)",
                               {**full_changes(d), "model.recompute_modules": None}))
     o = cfg.optimizer
-    if o.use_distributed_optimizer:
+    if distopt:
         for frac in OFFLOAD_FRACTIONS:
             if o.optimizer_cpu_offload and frac <= o.optimizer_offload_fraction:
                 continue

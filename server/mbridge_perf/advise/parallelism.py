@@ -296,9 +296,11 @@ def _family(sk: Skeleton, cp: int | None = None) -> str:
     return " ".join([*parts, f"MBS{sk.mbs}"])
 
 
-def _rescue(base: TrainingConfig, cands: list[_Cand], top_k: int, count: Counter) -> None:
+def _rescue(base: TrainingConfig, cands: list[_Cand], top_k: int, count: Counter,
+            rej: Rejections) -> None:
     """When fewer than top_k layouts fit as set, try the rescue ladder on the best
-    non-fitting ones (smallest need first within the ranking of their shape)."""
+    non-fitting ones (smallest need first within the ranking of their shape); a family a rung
+    rescues is no longer listed as rejected for memory."""
     fitting = sum(c.fit == "as_set" for c in cands)
     if fitting >= top_k:
         return
@@ -309,6 +311,9 @@ def _rescue(base: TrainingConfig, cands: list[_Cand], top_k: int, count: Counter
         got = rescue(c.priced, count)
         if got is not None:
             c.priced, c.fit = got, "with_rung"
+            family = _family(c.sk, c.cp)
+            rej.by_reason = {r: row for r, row in rej.by_reason.items()
+                             if not (r.startswith("memory:") and row[1] == family)}
 
 
 def _finalize(base: TrainingConfig, cands: list[_Cand], top_k: int, count: Counter,
@@ -571,7 +576,7 @@ def plan_parallelism(cfg: TrainingConfig, num_gpus: int, gpu: str, seq_length: i
     start = cp_start(seq)
     cands = _price_all(base, gs, n, gbs, start, spec.nvlink_domain, mbs is not None,
                        count, rej)
-    _rescue(base, cands, top_k, count)
+    _rescue(base, cands, top_k, count, rej)
     refused: set[tuple[int, ...]] = set()
     top = _finalize(base, cands, top_k, count, rej, refused)
     layouts = [_layout(c, i + 1, top[i - 1] if i else None, spec.nvlink_domain, seq, n)

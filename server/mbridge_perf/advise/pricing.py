@@ -162,7 +162,7 @@ def rescue(p: Priced, count: Counter) -> Priced | None:
             delta["model.recompute_modules"] = [*mods, *delta["model.recompute_modules"]]
         trial = {**kept, **delta} if step.name != "full" else {
             k: v for k, v in {**kept, **delta}.items()
-            if not k.startswith(("optimizer.", "model.recompute"))} | delta
+            if not k.startswith("model.recompute")} | delta
         try:
             cfg = apply_changes(p.cfg, trial)
             rep = estimate_memory(cfg)
@@ -184,6 +184,8 @@ def describe(cfg: TrainingConfig, changes: dict[str, Any]) -> str:
     out = []
     if "env.PYTORCH_CUDA_ALLOC_CONF" in changes:
         out.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    if changes.get("optimizer.use_distributed_optimizer"):
+        out.append("distributed optimizer")
     if changes.get("model.recompute_granularity") == "full":
         out.append('full recompute (recompute_method="uniform", recompute_num_layers=1)')
     elif "model.recompute_modules" in changes:

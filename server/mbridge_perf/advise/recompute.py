@@ -25,6 +25,7 @@ from mbridge_perf.advise.costs import (
     module_cost,
 )
 from mbridge_perf.advise.ladder import (
+    DISTRIBUTED_OPTIMIZER,
     OFFLOAD_FRACTIONS,
     allocator_changes,
     full_changes,
@@ -173,8 +174,7 @@ def _distributed_optimizer(lad: _Ladder) -> None:
         lad.skipped.append("distributed optimizer: DP x CP = 1, nothing to shard over")
         return
     on = lad.last()
-    changes = {"optimizer.use_distributed_optimizer": True,
-               "ddp.use_distributed_optimizer": True}
+    changes = dict(DISTRIBUTED_OPTIMIZER)
     priced, why = _try(lad, on, changes)
     if priced is None:
         lad.skipped.append(f"distributed optimizer: {why}")

@@ -206,7 +206,8 @@ NOT_MODELED = (
     "token-routing imbalance beyond the given imbalance factor (per-EP-rank loads differ)",
     "memory of the first iteration before the optimizer state exists, checkpoint loading and "
     "evaluation passes",
-    "LoRA / PEFT adapters and frozen weights, vision encoders",
+    "vision encoders; under LoRA, activations are priced as for full fine-tuning (an upper "
+    "bound) and LoRA dropout masks and DoRA magnitude vectors are not counted",
     "packed (THD) sequences and variable-length batches",
     "allocator rounding (512-byte blocks) and the exact fragmentation of a run (given as a band)",
 )

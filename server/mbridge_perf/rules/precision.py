@@ -277,9 +277,9 @@ def _recipe_needs_blackwell(c: TrainingConfig, d: Derived) -> Violation | None:
     wants = "fp4" if p.fp4 else ("fp8_recipe='mxfp8'" if p.fp8 and p.fp8_recipe == "mxfp8"
                                  else None)
     gpu = d.gpu if wants else None
-    if gpu is None or gpu.architecture == "blackwell":
+    if gpu is None or gpu.architecture in ("blackwell", "rubin"):
         return None
     return Violation(f"{wants} on {gpu.name} ({gpu.architecture}): these formats need "
-                     "Blackwell tensor cores",
+                     "Blackwell (or later) tensor cores",
                      "use mixed_precision: bf16_with_fp8_subchannel_scaling_mixed (blockwise) "
                      "or bf16_with_fp8_current_scaling_mixed (tensorwise) on Hopper")

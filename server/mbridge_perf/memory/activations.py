@@ -46,6 +46,9 @@ from mbridge_perf.config.semantics import fused_attention, recompute
 # elements). ESTIMATED from TE's saved sets; not measurable on CPU.
 FP8_SAVED_INPUT_BYTES = {"delayed": 1.0, "tensorwise": 1.0, "blockwise": 1.0 + 4 / 128,
                          "mxfp8": 1.0 + 1 / 32}
+# NVFP4: a linear's saved input in 4 bits plus one FP8 scale per 16 elements (TE
+# NVFP4BlockScaling; ESTIMATED from the format, not measured on a GPU).
+FP4_SAVED_INPUT_BYTES = 0.5 + 1 / 16
 # Router scores kept per token and expert (fp32 logits, scores, top-k map): measured 0.125 MiB
 # for 2,048 tokens x 4 experts on MCore 0.16.1 (cpu-ground-truth §4.3, MoE rows) = 16 B.
 ROUTER_BYTES_PER_TOKEN_EXPERT = 16
@@ -176,6 +179,8 @@ def context(cfg: TrainingConfig, *, imbalance: float = 1.0, precision: Precision
     fp8_bytes = 0.0
     if te and p.fp8:
         fp8_bytes = FP8_SAVED_INPUT_BYTES.get(str(p.fp8_recipe), 1.0)
+    elif te and p.fp4:
+        fp8_bytes = FP4_SAVED_INPUT_BYTES
     offload: frozenset[str] = frozenset()
     if m.fine_grained_activation_offloading:
         offload = frozenset(m.offload_modules or ())

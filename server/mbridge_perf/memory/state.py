@@ -52,6 +52,11 @@ SHAPE_FIELDS = (
 # CPU); memory-estimation.md §9 warns that FP8 never halves weight memory.
 FP8_WEIGHT_BYTES = {"mxfp8": 2 * (1 + 1 / 32)}
 FP8_WEIGHT_BYTES_DEFAULT = 2.0
+# NVFP4 (Transformer Engine's NVFP4BlockScaling): 4-bit values with one FP8 (E4M3) scale per
+# 16 elements, a row-wise and a column-wise (transposed) copy cached per weight, like FP8.
+# ESTIMATED from the format (TE docs: NVFP4 block size 16, E4M3 scales), not measured.
+FP4_BYTES = 0.5 + 1 / 16
+FP4_WEIGHT_BYTES = 2 * FP4_BYTES
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2,
                 "fp16": 2, "half": 2, "uint8": 1, "fp8": 1, "float8": 1, "int8": 1,
                 "float64": 8, "fp64": 8}
@@ -261,6 +266,10 @@ def state_rates(cfg: TrainingConfig, p: Precision, dp: int, edp: int) -> StateRa
             fp8 /= 2  # the transposed copy is made per use, not kept
         # fp8_param keeps only FP8 weights; otherwise TE caches FP8 copies next to BF16 ones
         fp8_w = fp8 if p.fp8_param else w + fp8
+    elif p.fp4 and cfg.model.transformer_impl != "local":
+        fp4 = FP4_WEIGHT_BYTES / (2 if (cfg.model.__pydantic_extra__ or {}).get(
+            "disable_parameter_transpose_cache") else 1)
+        fp8_w = w + fp4
     grad = 4 if (p.grad_reduce_in_fp32 or w == 4) else w
     if o.use_precision_aware_optimizer:
         master = dtype_bytes(o.main_params_dtype, 4)

@@ -40,6 +40,7 @@ from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.layers import opt_int
 from mbridge_perf.config.model import ModelSection, TrainingConfig
 from mbridge_perf.config.semantics import fused_attention, recompute
+from mbridge_perf.memory.recompute import rebuilt_layers
 
 # Bytes per element a Transformer Engine FP8 linear keeps of its input for the weight gradient:
 # one FP8 copy (the transposed / column-wise one on Hopper; MXFP8 adds one E8M0 scale per 32
@@ -122,6 +123,7 @@ class ActContext(NamedTuple):
     selective: frozenset[str]
     full: str | None  # "uniform" | "block" | None
     full_n: int
+    full_window: int  # layers one backward rebuilds on top of what is kept (memory.recompute)
     distribute_saved: bool
     offload: frozenset[str]
     fp8_bytes: float  # 0.0 = no FP8 layers
@@ -174,8 +176,11 @@ def context(cfg: TrainingConfig, *, imbalance: float = 1.0, precision: Precision
     r = recompute(m)
     selective = frozenset(r.selective)
     full = None
+    full_n = int(m.recompute_num_layers or 1)
+    full_window = 0
     if r.granularity == "full":
         full = r.method or "uniform"
+        full_window = rebuilt_layers(m, full, full_n)
     fp8_bytes = 0.0
     if te and p.fp8:
         fp8_bytes = FP8_SAVED_INPUT_BYTES.get(str(p.fp8_recipe), 1.0)
@@ -203,7 +208,7 @@ def context(cfg: TrainingConfig, *, imbalance: float = 1.0, precision: Precision
         m.moe_grouped_gemm or te, m.moe_expert_capacity_factor,  # grouped_gemm, capacity_factor
         m.moe_pad_expert_input_to_capacity, m.q_lora_rank,  # pad_to_capacity, q_lora
         m.kv_lora_rank, m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim,  # kv_lora .. v_head
-        selective, full, int(m.recompute_num_layers or 1),  # selective, full, full_n
+        selective, full, full_n, full_window,  # selective, full, full_n, full_window
         bool(m.distribute_saved_activations) and not m.sequence_parallel,  # distribute_saved
         offload, fp8_bytes, imbalance,  # offload, fp8_bytes, imbalance
         _mixer_dims(m, h) if shape_kinds is None or _has_scan_mixer(shape_kinds)

@@ -283,14 +283,17 @@ class _Kinds:
         return hit
 
     def working_set(self, kind: int) -> float:
-        """Transient bytes of one layer's backward, plus what recompute rebuilds for it."""
+        """Transient bytes of one layer's backward, plus what recompute rebuilds for it: full
+        recompute re-runs ``c.full_window`` whole layers on top of what the micro-batch keeps
+        (uniform: its largest group; block: one layer, only where a chunk is checkpointed whole,
+        else the kept layers it freed first make room; memory.recompute)."""
         hit = self._ws.get(kind)
         if hit is None:
             c = self.c
             mixer, mlp = self.kinds[kind]
             hit = _working_set(c, mixer, mlp)
             if c.full is not None:
-                hit += self.total(kind, False, False) * (c.full_n if c.full == "uniform" else 1)
+                hit += self.total(kind, False, False) * c.full_window
             elif c.selective:
                 hit += self.total(kind, False, False) - self.total(kind, False)
             self._ws[kind] = hit

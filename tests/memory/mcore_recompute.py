@@ -174,10 +174,11 @@ def main() -> None:
     start = time.perf_counter()
     measured = measure_all()
     took = time.perf_counter() - start
-    print(f"{'config':<12}{'in flight':>10}{'measured B':>13}{'estimate B':>13}{'est - meas':>12}")
+    print(f"{'config':<12}{'in flight':>10}{'measured B':>13}{'MiB':>8}{'estimate B':>13}"
+          f"{'est - meas':>12}")
     for (name, k), got in measured.items():
         est = estimated_bytes(training_config(name), k)
-        print(f"{name:<12}{k:>10}{got:>13,}{est:>13,.0f}{est - got:>+12,.0f}")
+        print(f"{name:<12}{k:>10}{got:>13,}{got / 2**20:>8.2f}{est:>13,.0f}{est - got:>+12,.0f}")
     print(f"{len(measured)} runs in {took:.1f} s")
 
 

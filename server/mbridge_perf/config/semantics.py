@@ -33,6 +33,8 @@ core_attn nor full recompute is a way to fit (both repeat attention)."""
 
 def bare_name(value: object) -> str:
     """Enum member or string to its bare name: ``AttnBackend.flash`` → ``flash``."""
+    if isinstance(value, str):  # the usual case, without the attribute lookup
+        return value.rsplit(".", 1)[-1]
     return str(getattr(value, "name", value)).rsplit(".", 1)[-1]
 
 
@@ -75,15 +77,26 @@ class Recompute:
 
 
 def recompute(m: ModelSection) -> Recompute:
-    modules = recompute_modules(m)
-    granularity = m.recompute_granularity
-    if m.moe_layer_recompute and granularity != "full":
+    mods = m.recompute_modules
+    key = (m.recompute_granularity, m.recompute_method, m.recompute_num_layers,
+           None if mods is None else tuple(mods), m.moe_layer_recompute)
+    try:
+        return _recompute(*key)
+    except TypeError:  # an unhashable label (a mapping): read it without the cache
+        return _recompute.__wrapped__(*key)
+
+
+@lru_cache(maxsize=256)
+def _recompute(granularity: str | None, method: str | None, num_layers: int | None,
+               mods: tuple[str, ...] | None, moe_layer_recompute: bool) -> Recompute:
+    """recompute() on the recompute fields alone (cached: every estimate reads it)."""
+    modules = list(DEFAULT_RECOMPUTE_MODULES if mods is None else mods)
+    if moe_layer_recompute and granularity != "full":
         granularity = "selective"
         if "moe" not in modules:
             modules = [*modules, "moe"]
     selective = tuple(modules) if granularity == "selective" else ()
-    return Recompute(granularity, m.recompute_method, m.recompute_num_layers, tuple(modules),
-                     selective)
+    return Recompute(granularity, method, num_layers, tuple(modules), selective)
 
 
 def effective_recompute(m: ModelSection) -> tuple[str | None, list[str]]:

@@ -27,11 +27,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 
-from mbridge_perf.config.derived import Derived
+from mbridge_perf.config.derived import Derived, resolve_precision
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.gpus import lookup_gpu
 from mbridge_perf.config.layers import lora_spec, opt_int
 from mbridge_perf.config.model import TrainingConfig
+from mbridge_perf.config.semantics import Graphs
+from mbridge_perf.config.semantics import graphs as graphs_of
 from mbridge_perf.memory import overheads as ov
 from mbridge_perf.memory.activations import (
     ActContext,
@@ -616,6 +618,7 @@ class _Setup:
 
     cfg: TrainingConfig
     d: Derived
+    graph_view: Graphs
     p: Any
     gpu_name: str | None
     capacity: float | None
@@ -720,8 +723,8 @@ def _resolve(cfg: TrainingConfig, gpu: str | None, imbalance: float) -> _Setup:
     _require(cfg)
     m = cfg.model
     extras = m.__pydantic_extra__ or {}
-    d = Derived(cfg)
-    p = d.precision
+    d = Derived(cfg)  # its plain properties only here: the cached ones take a lock each
+    p = resolve_precision(cfg)
     gpu_name, capacity, arch = _gpu(cfg, gpu)
     shape = model_shape(m)
     place = placement(m)
@@ -748,10 +751,11 @@ def _resolve(cfg: TrainingConfig, gpu: str | None, imbalance: float) -> _Setup:
     plans = _plan(shape, place, tp, ep * etp, vocab_rows, bf16_lo, bf16_hi, c.full, c.full_n,
                   fp8_on, etp, lora)
     # full recompute with per-layer graphs is rejected by Megatron-Core: priced eager
-    graphs = d.graphs.te_scopes if c.full is None else None
-    return _Setup(cfg, d, p, gpu_name, capacity, arch, shape, place, c, tp, pp, cp, ep, etp, vpp,
-                  d.world_size, d.is_moe, dp, edp, mbs, rates, vocab_rows, kinds, fp8_on, bf16_lo,
-                  bf16_hi, plans, assumptions, graphs, lora=lora)
+    view = graphs_of(m)
+    graphs = view.te_scopes if c.full is None else None
+    return _Setup(cfg, d, view, p, gpu_name, capacity, arch, shape, place, c, tp, pp, cp, ep,
+                  etp, vpp, d.world_size, d.is_moe, dp, edp, mbs, rates, vocab_rows, kinds,
+                  fp8_on, bf16_lo, bf16_hi, plans, assumptions, graphs, lora=lora)
 
 
 def _loss_terms(s: _Setup, tok: float, stats: float) -> tuple[float, float]:
@@ -965,26 +969,26 @@ def _phase(name: Any, st: StageMemory, allocated: float, pool: float,
         "need_gib": (allocated + pool + band[0] + outside, allocated + pool + band[1] + outside)})
 
 
-def _phases(stages: list[StageMemory], band_f: tuple[float, float],
-            outside: float) -> list[Phase]:
+def _phases(stages: list[StageMemory], most: int, graphed_on: bool,
+            band_f: tuple[float, float], outside: float) -> list[Phase]:
     """Per phase, the stage that needs the most: the eager warm-up (every saved tensor
     allocated; also where full-iteration and local graphs keep their pool) and, with per-layer
     TE graphs, the replayed steady state (graphed allocated + the graphs' private pool, which
     eager code and the optimizer step cannot reuse). No byte in two terms."""
-    eager = max(stages, key=lambda st: st.peak_allocated_gib)
+    eager = stages[most]
     out = [_phase("eager", eager, eager.peak_allocated_gib, 0.0, band_f, outside)]
-    graphed = [st for st in stages if st.graphed_peak_allocated_gib is not None]
-    if graphed:
+    if graphed_on:
         def need(st: StageMemory) -> float:
             return st.graphed_peak_allocated_gib * (1 + band_f[0]) + (st.graph_pool_gib or 0)
 
-        g = max(graphed, key=need)
+        g = max(stages, key=need)
         out.append(_phase("graphed_steady_state", g, g.graphed_peak_allocated_gib,
                           g.graph_pool_gib or 0.0, band_f, outside))
     return out
 
 
-def _fit(s: _Setup, stages: list[StageMemory], peak_gib: float, warnings: list[str]) -> _Fit:
+def _fit(s: _Setup, stages: list[StageMemory], most: int, peak_gib: float,
+         warnings: list[str]) -> _Fit:
     """Phase 4: the reserved band, what lives outside the allocator, the phases and the
     verdict on the GPU."""
     cfg, m = s.cfg, s.cfg.model
@@ -994,9 +998,9 @@ def _fit(s: _Setup, stages: list[StageMemory], peak_gib: float, warnings: list[s
     context_c = ov.cuda_context(s.arch)
     nccl = ov.nccl_bytes(tp=s.tp, cp=s.cp, dp=s.dp, pp=s.pp, ep=s.ep, edp=s.edp,
                          alltoall=m.moe_token_dispatcher_type != "allgather")
-    graph = graph_exec_gib(s.d.graphs)
+    graph = graph_exec_gib(s.graph_view)
     over_total = context_c.value + nccl / GIB + graph
-    phases = _phases(stages, band_f, over_total)
+    phases = _phases(stages, most, s.graphs is not None, band_f, over_total)
     need = (max(p.need_gib[0] for p in phases), max(p.need_gib[1] for p in phases))
     verdict, term, fits_frag, headroom = None, "no GPU given: pass gpu (e.g. 'H100')", None, None
     capacity = s.capacity
@@ -1067,7 +1071,7 @@ def estimate_memory(cfg: TrainingConfig, *, gpu: str | None = None,
     t = _terms(s)
     stages, most, peak_gib = _stages(s, t)
     warnings: list[str] = []
-    f = _fit(s, stages, peak_gib, warnings)
+    f = _fit(s, stages, most, peak_gib, warnings)
     notes = _config_notes(s, f)
     warnings += notes[0]
     assumptions = s.assumptions + list(notes[1])

@@ -281,15 +281,20 @@ def _gdn(model: ModelSection) -> tuple[int, int]:
     return params, out_norm
 
 
-def _mamba(model: ModelSection) -> tuple[int, int]:
-    """Mamba-2 mixer as Megatron-Core's MambaMixer builds it: (params, TP-replicated)."""
-    h = int(need_field(model, "hidden_size"))
+def _mamba_dims(model: ModelSection, h: int) -> tuple[int, int, int, int]:
+    """(state, groups, heads, d_inner) of a Mamba-2 mixer with Megatron-Core's defaults."""
     head_dim = opt_int(model, "mamba_head_dim", 64)
     state = opt_int(model, "mamba_state_dim", 128)
     groups = opt_int(model, "mamba_num_groups", 8)
     heads = opt_int(model, "mamba_num_heads", None)
     d_inner = heads * head_dim if heads is not None else MAMBA_EXPAND * h
-    heads = heads if heads is not None else d_inner // head_dim
+    return state, groups, heads if heads is not None else d_inner // head_dim, d_inner
+
+
+def _mamba(model: ModelSection) -> tuple[int, int]:
+    """Mamba-2 mixer as Megatron-Core's MambaMixer builds it: (params, TP-replicated)."""
+    h = int(need_field(model, "hidden_size"))
+    state, groups, heads, d_inner = _mamba_dims(model, h)
     conv_dim = d_inner + 2 * groups * state  # x, B, C
     in_proj = h * (2 * d_inner + 2 * groups * state + heads)  # z, x, B, C, dt
     conv = conv_dim * MAMBA_CONV_KERNEL + conv_dim  # depthwise weight + bias
@@ -529,12 +534,7 @@ def layer_linears(model: ModelSection | Mapping[str, Any], kind: LayerKind) -> t
         out.append(Linear("self_attention.in_proj", h, 2 * qk + 2 * v + 2 * n_v))
         out.append(Linear("self_attention.out_proj", v, h))
     elif kind.mixer == "mamba":
-        head_dim = opt_int(m, "mamba_head_dim", 64)
-        state = opt_int(m, "mamba_state_dim", 128)
-        groups = opt_int(m, "mamba_num_groups", 8)
-        heads = opt_int(m, "mamba_num_heads", None)
-        d_inner = heads * head_dim if heads is not None else MAMBA_EXPAND * h
-        heads = heads if heads is not None else d_inner // head_dim
+        state, groups, heads, d_inner = _mamba_dims(m, h)
         out.append(Linear("mixer.in_proj", h, 2 * d_inner + 2 * groups * state + heads))
         out.append(Linear("mixer.out_proj", d_inner, h))
     if kind.mlp == "dense":

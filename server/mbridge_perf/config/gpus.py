@@ -47,6 +47,18 @@ class GPUSpec(BaseModel):
     gpus_per_node: int = Field(ge=1)
     bf16_dense_tflops: float | None = Field(None, gt=0)
     """Peak dense BF16 TFLOP/s; None where no public dense figure was found."""
+    fp8_dense_tflops: float | None = Field(None, gt=0)
+    """Peak dense FP8 TFLOP/s; None where the GPU has no FP8 or no public dense figure."""
+    fp4_dense_tflops: float | None = Field(None, gt=0)
+    """Peak dense FP4 (NVFP4) TFLOP/s; None where none is published."""
+    hbm_tb_s: float | None = Field(None, gt=0)
+    """HBM bandwidth, TB/s (decimal)."""
+    nvlink_gb_s: float | None = Field(None, gt=0)
+    """NVLink bandwidth per GPU in one direction, GB/s (half NVIDIA's bidirectional figure)."""
+    network_gb_s: float | None = Field(None, gt=0)
+    """Typical scale-out NIC bandwidth per GPU, GB/s; None where not published."""
+    perf_source: str | None = None
+    """Where the step-time fields above come from."""
     source: str
     notes: str | None = None
 

@@ -1,0 +1,7 @@
+"""Per-layout step-time model (model.py) and its calibration (calibration.py)."""
+
+from mbridge_perf.steptime.calibration import Calibration, GenParams, load_calibration
+from mbridge_perf.steptime.model import StepTimeReport, Term, estimate_step_time
+
+__all__ = ["Calibration", "GenParams", "StepTimeReport", "Term", "estimate_step_time",
+           "load_calibration"]

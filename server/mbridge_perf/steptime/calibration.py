@@ -1,0 +1,90 @@
+"""The step-time model's few calibrated parameters (data/calibration.json, written by
+scripts/fit_steptime.py from ../shared/data/steptime only).
+
+Per GPU generation (``ampere``, ``hopper``, ``blackwell``; ``rubin`` borrows Blackwell's): GEMM
+efficiency as a fraction of the dense peak for BF16, FP8 and FP4. Shared by all generations:
+the grouped-GEMM (MoE experts) factor on that efficiency, the exposed share of EP all-to-all,
+a fixed host/launch overhead per layer and micro-batch, and the fixed seeds the fit does not
+move (link efficiencies, overlap fractions), each with its source. ``band_frac`` is the
+out-of-sample residual spread the report turns into ``band_s``.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+CALIBRATION_FILE = Path(__file__).with_name("data") / "calibration.json"
+
+
+class GenParams(BaseModel):
+    """GEMM efficiency (achieved / dense peak) per precision for one GPU generation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gemm_eff_bf16: float = Field(gt=0, le=1)
+    gemm_eff_fp8: float = Field(gt=0, le=1)
+    gemm_eff_fp4: float = Field(gt=0, le=1)
+
+
+class Calibration(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    generations: dict[str, GenParams]
+    grouped_gemm_factor: float = Field(gt=0, le=1.5)
+    """MoE expert (grouped) GEMM efficiency relative to a dense GEMM of the same precision."""
+    attn_eff: float = Field(0.55, gt=0, le=1)
+    """Flash/cuDNN attention core efficiency of the BF16 peak (seed: FA3 ~0.75 fwd, lower bwd)."""
+    ep_exposed: float = Field(ge=0, le=1)
+    """Share of EP all-to-all time not hidden (without overlap_moe_expert_parallel_comm)."""
+    ep_overlap_flag_factor: float = Field(0.6, ge=0, le=1)
+    """Exposed EP share multiplier when overlap_moe_expert_parallel_comm is on (skill card:
+    Qwen3-30B-A3B EP16 41.25 s -> 31.31 s)."""
+    layer_overhead_us: float = Field(ge=0)
+    """Host/launch time per layer per micro-batch (fwd+bwd) not hidden by the GPU."""
+    graph_overhead_factor: float = Field(0.3, ge=0, le=1)
+    """Share of that overhead left with CUDA graphs on (seed)."""
+    tp_exposed: float = Field(0.5, ge=0, le=1)
+    cp_exposed: float = Field(0.3, ge=0, le=1)
+    pp_exposed: float = Field(0.2, ge=0, le=1)
+    dp_exposed: float = Field(0.1, ge=0, le=1)
+    """Exposed share of the DP/EDP gradient reduce-scatter + parameter all-gather with the
+    overlap flags on (1.0 when off)."""
+    nvlink_eff: float = Field(0.8, gt=0, le=1)
+    """Achieved bus bandwidth / NVLink one-way line rate (H100 ring ~370/450, nccl-tests#212)."""
+    network_eff: float = Field(0.9, gt=0, le=1)
+    """Achieved / NIC line rate (46-49 GB/s per 400 Gb/s NIC, nccl-tests#290)."""
+    hbm_eff: float = Field(0.7, gt=0, le=1)
+    band_frac: float = Field(0.15, ge=0)
+    """Out-of-sample p80 |relative error| of step time on the fitted source."""
+    fitted: list[str] = Field(default_factory=list)
+    rows: list[dict[str, str]] = Field(default_factory=list)
+    """The rows the fit used (recipe dump, release, GPU, GPUs, precision)."""
+    source: str = ""
+
+    def gen(self, architecture: str) -> GenParams:
+        return self.generations.get(architecture) or self.generations["blackwell"]
+
+
+SEED = Calibration(
+    generations={
+        # SimuMax a100_pcie matmul median 0.718 (step-time-model.md §3)
+        "ampere": GenParams(gemm_eff_bf16=0.72, gemm_eff_fp8=0.72, gemm_eff_fp4=0.72),
+        "hopper": GenParams(gemm_eff_bf16=0.7, gemm_eff_fp8=0.55, gemm_eff_fp4=0.55),
+        "blackwell": GenParams(gemm_eff_bf16=0.6, gemm_eff_fp8=0.5, gemm_eff_fp4=0.35),
+    },
+    grouped_gemm_factor=0.6, ep_exposed=0.8, layer_overhead_us=100.0,
+    source="seed values, step-time-model.md §7",
+)
+
+
+@cache
+def load_calibration(path: str | None = None) -> Calibration:
+    """The shipped calibration (or the file at ``path``); the seed when the file is absent."""
+    p = Path(path) if path else CALIBRATION_FILE
+    if not p.exists():
+        return SEED
+    return Calibration.model_validate(json.loads(p.read_text("utf-8")))

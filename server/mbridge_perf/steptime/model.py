@@ -1,0 +1,357 @@
+"""Step time of one global-batch iteration on a layout (analytical, calibrated).
+
+Per micro-batch and pipeline stage: the stage's layers' forward+backward GEMM FLOPs over the
+dense peak of the precision in use times a calibrated efficiency (attention core at the BF16
+peak, MoE experts at the grouped-GEMM factor), memory-bound ops as bytes over HBM bandwidth,
+recompute's extra forward, a per-layer host overhead, and the exposed part of each in-layer
+collective (TP all-gather/reduce-scatter, CP ring K/V exchange, EP dispatch+combine, PP
+send/recv). The pipeline runs ``(M + (PP-1)/VPP)`` stage times (1F1B, interleaved with VPP);
+the DP/EDP gradient reduce-scatter and parameter all-gather and the optimizer step are added
+once. FLOP counts follow Megatron Bridge's model-FLOP convention (flop_utils.py: 6 x params
+per token on every GEMM, causal-halved core attention, logits; no recompute), which is what
+``model_tflops_per_gpu`` reports; the time counts the recomputed work too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from mbridge_perf.config.derived import Derived, derive
+from mbridge_perf.config.errors import ConfigError
+from mbridge_perf.config.gpus import GPUSpec, lookup_gpu
+from mbridge_perf.config.layers import layer_kinds
+from mbridge_perf.config.model import ModelSection, TrainingConfig
+from mbridge_perf.memory.params import count_params, layer_params, mtp_layers, vocab_rows
+from mbridge_perf.memory.state import shape_key
+from mbridge_perf.steptime.calibration import Calibration, load_calibration
+
+ACT_BYTES = 2  # BF16 activations on the wire
+OPT_BYTES_PER_PARAM = 30  # Adam: fp32 param/m/v read+write, grad read, bf16 copy write
+MEM_BYTES_PER_TOKEN_H = 40  # norms, activation, dropout, residual: fwd+bwd bytes / (token·h)
+
+
+class Term(BaseModel):
+    """One part of the step time, seconds per step, with what it assumed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    seconds: float
+    share: float
+    assumes: str
+
+
+class StepTimeReport(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    mfu: float
+    band_s: float
+    gpu: str
+    precision: str
+    num_gpus: int
+    num_microbatches: int
+    tokens_per_step: int
+    model_flops_per_step: float
+    breakdown: list[Term]
+    assumptions: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerWork:
+    """Forward+backward FLOPs per token of one decoder layer (model-FLOP convention)."""
+
+    attn_linear: float  # token mixer projections (attention / MLA / Mamba / GDN)
+    attn_core: float  # QK^T and PV, causal-halved
+    dense_mlp: float  # dense MLP and shared experts
+    experts: float  # routed experts, top-k active
+    moe: bool
+    attention: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ModelWork:
+    layers: tuple[LayerWork, ...]
+    logits: float  # per token, incl. MTP heads
+    mtp: float  # per token, MTP layers' bodies
+    kv_dim: int  # K/V width per token (for CP)
+    dense_params: int
+    expert_params: int
+
+
+_WORK: dict[tuple[Any, ...], ModelWork] = {}
+
+
+def model_work(m: ModelSection, seq: int) -> ModelWork:
+    key = (shape_key(m), seq)
+    hit = _WORK.get(key)
+    if hit is not None:
+        return hit
+    if len(_WORK) > 512:
+        _WORK.clear()
+    _WORK[key] = work = _build_work(m, seq)
+    return work
+
+
+def _core(m: ModelSection, mixer: str, seq: int) -> float:
+    heads = m.num_attention_heads or 1
+    if mixer == "mla":
+        d_qk, d_v = m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim
+    elif mixer == "attention":
+        d_qk = d_v = m.kv_channels or (m.hidden_size or 0) // heads
+    else:
+        return 0.0
+    # fwd: 2 GEMMs x 2 FLOP x heads x d x s, causal half; x3 for fwd+bwd
+    return 3.0 * heads * seq * (d_qk + d_v)
+
+
+def _build_work(m: ModelSection, seq: int) -> ModelWork:
+    kinds = layer_kinds(m)
+    cache: dict[tuple[str, str], LayerWork] = {}
+    layers = []
+    for i, k in enumerate(kinds):
+        lw = cache.get((k.mixer, k.mlp))
+        if lw is None:
+            lp = layer_params(m, i)
+            lw = LayerWork(attn_linear=6.0 * lp.attention,
+                           attn_core=_core(m, k.mixer, seq),
+                           dense_mlp=6.0 * (lp.dense_mlp + lp.shared_experts + lp.router),
+                           experts=6.0 * lp.routed_per_expert * lp.topk,
+                           moe=k.mlp == "moe", attention=k.mixer in ("attention", "mla"))
+            cache[(k.mixer, k.mlp)] = lw
+        layers.append(lw)
+    n_mtp = mtp_layers(m)
+    h = m.hidden_size or 0
+    vocab = vocab_rows(m, tp=1)
+    logits = 6.0 * h * vocab * (1 + n_mtp)
+    last = layers[-1] if layers else None
+    mtp = 0.0
+    if n_mtp and last is not None:
+        per = last.attn_linear + last.attn_core + last.dense_mlp + last.experts
+        mtp = n_mtp * (per + 6.0 * 2 * h * h)
+    heads = m.num_attention_heads or 1
+    groups = m.num_query_groups or heads
+    kv = 2 * groups * (m.kv_channels or h // heads)
+    if any(k.mixer == "mla" for k in kinds):
+        kv = m.kv_lora_rank + m.qk_pos_emb_head_dim
+    pc = count_params(m, tp=1)
+    return ModelWork(layers=tuple(layers), logits=logits, mtp=mtp, kv_dim=kv,
+                     dense_params=pc.total - pc.routed_experts,
+                     expert_params=pc.routed_experts)
+
+
+def _precision(d: Derived) -> str:
+    p = d.precision
+    if p.fp4:
+        return "fp4"
+    if p.fp8:
+        return "fp8"
+    return "bf16"
+
+
+def _peak(gpu: GPUSpec, prec: str) -> float:
+    bf16 = gpu.bf16_dense_tflops
+    if bf16 is None:
+        raise ConfigError("cluster.gpu", f"{gpu.name}: no public dense BF16 peak, so no step "
+                                         "time can be computed")
+    if prec == "fp4" and gpu.fp4_dense_tflops:
+        return gpu.fp4_dense_tflops * 1e12
+    if prec in ("fp8", "fp4") and gpu.fp8_dense_tflops:
+        return gpu.fp8_dense_tflops * 1e12
+    return bf16 * 1e12
+
+
+def _bw(gpu: GPUSpec, span: int, cal: Calibration) -> float:
+    """Bus bandwidth (bytes/s) of a group spanning ``span`` consecutive ranks."""
+    if span <= gpu.nvlink_domain and gpu.nvlink_gb_s:
+        return gpu.nvlink_gb_s * 1e9 * cal.nvlink_eff
+    return (gpu.network_gb_s or 50.0) * 1e9 * cal.network_eff
+
+
+def _stage_layers(d: Derived, n: int) -> list[list[int]]:
+    """Decoder layer indices per pipeline stage (chunk c of stage s follows chunk c of s-1)."""
+    chunks = d.layers_per_chunk
+    if chunks is None:
+        raise ConfigError("model.num_layers", "the layers do not split over the pipeline "
+                                              "stages; no step time can be computed")
+    pp = len(chunks)
+    v = max(len(c) for c in chunks)
+    out: list[list[int]] = [[] for _ in range(pp)]
+    i = 0
+    for c in range(v):
+        for s in range(pp):
+            k = chunks[s][c] if c < len(chunks[s]) else 0
+            out[s].extend(range(i, min(i + k, n)))
+            i += k
+    return out
+
+
+def _recompute_share(d: Derived, lw: LayerWork, layers_in_chunk: int) -> tuple[float, float,
+                                                                               float, float]:
+    """Extra forward fractions (attn_linear, core, dense_mlp, experts) recompute adds."""
+    r = d.recompute
+    if r.granularity == "full":
+        n = r.num_layers or layers_in_chunk
+        f = min(1.0, n / max(1, layers_in_chunk)) if r.method == "block" else 1.0
+        return f, f, f, f
+    mods = set(r.selective)
+    a = 1.0 if "mla_up_proj" in mods else 0.0
+    core = 1.0 if "core_attn" in mods else 0.0
+    mlp = 1.0 if "mlp" in mods else 0.0
+    exp = 1.0 if ("moe" in mods or (mlp and lw.moe)) else 0.0
+    if "shared_experts" in mods and lw.moe:
+        mlp = max(mlp, 1.0)
+    return a * 0.5, core, mlp, exp
+
+
+def estimate_step_time(cfg: TrainingConfig | Derived, *, gpu: str | GPUSpec | None = None,
+                       calibration: Calibration | None = None) -> StepTimeReport:
+    """Predicted time of one global-batch iteration of ``cfg`` on its layout and GPU."""
+    d = cfg if isinstance(cfg, Derived) else derive(cfg)
+    cal = calibration or load_calibration()
+    spec = gpu if isinstance(gpu, GPUSpec) else (lookup_gpu(gpu) if gpu else d.gpu)
+    if spec is None:
+        raise ConfigError("cluster.gpu", "set the GPU (cluster.gpu or --gpu) to estimate the "
+                                         "step time")
+    m, t = d.cfg.model, d.cfg.train
+    world, dp, mb = d.world_size, d.dp, d.num_microbatches
+    if world is None or dp is None or mb is None or not t.global_batch_size:
+        raise ConfigError("cluster.num_gpus", "the GPU count, global batch and micro-batch "
+                                              "size must divide into whole micro-batches")
+    seq = m.seq_length
+    if not seq or not m.hidden_size:
+        raise ConfigError("model.seq_length", "needs the sequence length and model width")
+    tp, pp, cp, ep, etp, vpp = d.tp, d.pp, d.cp, d.ep, d.etp, d.vpp
+    mbs, h = t.micro_batch_size, m.hidden_size
+    work = model_work(m, seq)
+    prec = _precision(d)
+    peak = _peak(spec, prec)
+    peak_bf16 = spec.bf16_dense_tflops * 1e12  # type: ignore[operator]
+    g = cal.gen(spec.architecture)
+    eff = {"bf16": g.gemm_eff_bf16, "fp8": g.gemm_eff_fp8, "fp4": g.gemm_eff_fp4}[prec]
+    gemm_rate = peak * eff
+    group_rate = gemm_rate * cal.grouped_gemm_factor
+    attn_rate = peak_bf16 * cal.attn_eff
+    hbm = (spec.hbm_tb_s or 3.0) * 1e12 * cal.hbm_eff
+    tok = mbs * seq / (tp * cp)  # tokens per GPU per micro-batch (dense compute share)
+    tok_cp = mbs * seq / cp  # tokens of the CP rank (TP group shares them)
+    act = tok_cp * h * ACT_BYTES
+
+    tp_bw = _bw(spec, tp, cal)
+    cp_bw = _bw(spec, tp * cp, cal)
+    ep_bw = _bw(spec, ep * etp, cal)
+    pp_bw = _bw(spec, world, cal)
+    ep_exp = cal.ep_exposed * (cal.ep_overlap_flag_factor
+                               if m.overlap_moe_expert_parallel_comm else 1.0)
+    overhead = cal.layer_overhead_us * 1e-6 * (cal.graph_overhead_factor if d.graphs.on
+                                               else 1.0)
+    stages = _stage_layers(d, len(work.layers))
+    chunk_len = max(1, max(max(c) for c in d.layers_per_chunk or [[1]]))
+
+    best: tuple[float, dict[str, float]] | None = None
+    for s, idx in enumerate(stages):
+        terms = dict.fromkeys(("compute", "memory", "recompute", "tp", "cp", "ep", "pp",
+                               "other"), 0.0)
+        for i in idx:
+            lw = work.layers[i]
+            t_lin = tok * (lw.attn_linear + lw.dense_mlp) / gemm_rate
+            t_core = tok * lw.attn_core / attn_rate
+            t_exp = tok * lw.experts / group_rate
+            terms["compute"] += t_lin + t_core + t_exp
+            terms["memory"] += tok * h * MEM_BYTES_PER_TOKEN_H * (3 if lw.moe else 1) / hbm
+            fa, fc, fm, fe = _recompute_share(d, lw, chunk_len)
+            terms["recompute"] += (fa * tok * lw.attn_linear / gemm_rate + fc * t_core
+                                   + fm * tok * lw.dense_mlp / gemm_rate + fe * t_exp) / 3.0
+            if tp > 1:
+                n_coll = (4 if lw.attention or lw.attn_linear else 0) + 4
+                terms["tp"] += n_coll * (tp - 1) / tp * act / tp_bw * cal.tp_exposed
+            if cp > 1 and lw.attention:
+                kv = tok_cp * work.kv_dim * ACT_BYTES / tp
+                terms["cp"] += 3 * (cp - 1) * kv / cp_bw * cal.cp_exposed
+            if lw.moe and ep > 1:
+                vol = 4 * (tok_cp / tp) * m.moe_router_topk * h * ACT_BYTES * (ep - 1) / ep
+                terms["ep"] += vol / ep_bw * ep_exp
+            terms["other"] += overhead
+        if s == pp - 1:
+            terms["compute"] += tok * (work.logits + work.mtp) / gemm_rate
+        if pp > 1:
+            terms["pp"] += 2 * vpp * (act / tp) / pp_bw * cal.pp_exposed
+        total = sum(terms.values())
+        if best is None or total > best[0]:
+            best = (total, terms)
+    assert best is not None
+    t_stage, per_mb = best
+
+    # DP/EDP: gradient reduce-scatter (all-reduce without the distributed optimizer) and
+    # parameter all-gather, once per step
+    p = d.precision
+    ddp = d.cfg.ddp
+    grad_b = 4 if p.grad_reduce_in_fp32 else 2
+    param_b = 1 if (p.fp8_param_gather or p.fp4) else 2
+    dist = d.cfg.optimizer.use_distributed_optimizer
+    dense_local = work.dense_params / (tp * pp)
+    exp_local = work.expert_params / (ep * etp * pp)
+    edp = d.edp or dp
+    dpcp = dp * cp
+
+    def dp_time(params: float, n: int, span: int) -> float:
+        if n <= 1:
+            return 0.0
+        vol = params * (grad_b + param_b) * (n - 1) / n if dist else \
+            params * grad_b * 2 * (n - 1) / n
+        return vol / _bw(spec, span, cal)
+
+    dp_raw = dp_time(dense_local, dpcp, world // pp) + dp_time(exp_local, edp, world // pp)
+    dp_exp = dp_raw * (cal.dp_exposed if ddp.overlap_grad_reduce else 1.0)
+    shard = (dense_local / dpcp + exp_local / edp) if dist else dense_local + exp_local
+    t_opt = shard * OPT_BYTES_PER_PARAM / hbm
+
+    bubble = (pp - 1) / vpp * t_stage
+    step = mb * t_stage + bubble + dp_exp + t_opt
+    tokens = t.global_batch_size * seq
+    per_token = sum(lw.attn_linear + lw.attn_core + lw.dense_mlp + lw.experts
+                    for lw in work.layers) + work.logits + work.mtp
+    flops = per_token * tokens
+    tflops = flops / step / world / 1e12
+    names = {
+        "compute": ("compute", "GEMMs at the dense peak x calibrated efficiency, attention core "
+                               "at the BF16 peak x attn_eff, experts x grouped_gemm_factor"),
+        "memory": ("memory-bound ops", "norms/activations/dropout as bytes over HBM "
+                                       "bandwidth x hbm_eff"),
+        "recompute": ("recompute", "extra forward of the recomputed modules"),
+        "tp": ("exposed comm: TP", "AG/RS (or AR) per layer, NVLink when TP <= domain"),
+        "cp": ("exposed comm: CP", "ring K/V exchange per attention layer"),
+        "ep": ("exposed comm: EP", "dispatch+combine all-to-all per MoE layer, NVLink when "
+                                   "EP x ETP <= domain, else one NIC per GPU"),
+        "pp": ("exposed comm: PP", "send/recv per chunk boundary"),
+        "other": ("other (host/launch)", "fixed overhead per layer and micro-batch, less "
+                                         "with CUDA graphs"),
+    }
+    breakdown = [Term(name=names[k][0], seconds=mb * v, share=mb * v / step, assumes=names[k][1])
+                 for k, v in per_mb.items()]
+    breakdown += [
+        Term(name="pipeline bubble", seconds=bubble, share=bubble / step,
+             assumes="(PP-1)/VPP stage times (1F1B, interleaved with VPP)"),
+        Term(name="exposed comm: DP/EDP", seconds=dp_exp, share=dp_exp / step,
+             assumes="grad reduce-scatter + param all-gather once per step, overlap flags"),
+        Term(name="optimizer", seconds=t_opt, share=t_opt / step,
+             assumes=f"{OPT_BYTES_PER_PARAM} B per local parameter over HBM bandwidth"),
+    ]
+    assumptions = [
+        f"precision {prec}: peak {peak / 1e12:.0f} TFLOP/s, GEMM efficiency {eff:.3f} "
+        f"({spec.architecture})",
+        "balanced MoE routing (as Bridge's benchmarks force); attention core causal-halved",
+        "Mamba/GDN mixers priced as their projections only",
+        f"calibration: {cal.source or 'seed'}",
+    ]
+    return StepTimeReport(
+        step_time_s=step, tokens_per_s_per_gpu=tokens / step / world,
+        model_tflops_per_gpu=tflops, mfu=tflops * 1e12 / peak, band_s=step * cal.band_frac,
+        gpu=spec.name, precision=prec, num_gpus=world, num_microbatches=mb,
+        tokens_per_step=tokens, model_flops_per_step=flops, breakdown=breakdown,
+        assumptions=assumptions)

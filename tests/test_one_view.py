@@ -187,8 +187,8 @@ async def _call(client: Client, name: str, args: dict[str, Any]) -> dict[str, An
 
 
 FP32 = {"preset": "llama3-8b", "overrides": [
-    "model.bf16=false", "model.tensor_model_parallel_size=2", "cluster.num_gpus=8", "cluster.gpu=H100",
-    "train.global_batch_size=64"]}
+    "model.bf16=false", "model.tensor_model_parallel_size=2", "cluster.num_gpus=8",
+    "cluster.gpu=H100", "train.global_batch_size=64"]}
 
 
 @pytest.mark.anyio

@@ -21,7 +21,7 @@ are counted by kind from prefix sums, and report objects are built without re-va
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
@@ -382,9 +382,138 @@ _PLANS: dict[tuple[Any, ...], tuple[Shape, Placement, tuple[_StagePlan, ...],
                                     AdapterShape | None]] = {}
 
 
+@dataclass(slots=True)
+class _PlanArgs:
+    """What a stage plan is priced from (one model shape on one layout)."""
+
+    shape: Shape
+    tp: int
+    ep_etp: int
+    vocab_rows: int
+    bf16_lo: int
+    bf16_hi: int
+    full: str | None
+    full_n: int
+    fp8_on: bool
+    lora: AdapterShape | None
+    ad_kind: tuple[tuple[float, float], ...]
+    ad_mtp: tuple[tuple[float, float], ...]
+
+
+@dataclass(slots=True)
+class _Acc:
+    """A stage's parameters as its chunks are added up."""
+
+    dense: float = 0.0
+    expert: float = 0.0
+    fp8_dense: float = 0.0
+    fp8_expert: float = 0.0
+    lora_dense: float = 0.0
+    lora_expert: float = 0.0
+    kinds: set[int] = field(default_factory=set)
+
+
+def _fp8_layers(a: _PlanArgs, k: int, lo: int, hi: int, cnt: int) -> int:
+    """Layers of kind ``k`` in [lo, hi) that run in FP8 (the first / last stay BF16)."""
+    if not a.fp8_on:
+        return 0
+    sh = a.shape
+    return cnt - (sh.count(k, lo, max(min(hi, a.bf16_lo), lo))
+                  + sh.count(k, max(lo, a.bf16_hi), max(hi, a.bf16_hi)))
+
+
+def _layer_mix(a: _PlanArgs, acc: _Acc, lo: int, hi: int) -> tuple[tuple[int, int, int], ...]:
+    """The chunk's decoder layers by kind (kind, FP8 count, BF16 count), their parameters and
+    adapters added to the stage."""
+    mix = []
+    for k, bucket in enumerate(a.shape.buckets):
+        cnt = a.shape.count(k, lo, hi)
+        if not cnt:
+            continue
+        acc.kinds.add(k)
+        n_fp8 = _fp8_layers(a, k, lo, hi, cnt)
+        mix.append((k, n_fp8, cnt - n_fp8))
+        acc.dense += cnt * (bucket.tp_sharded / a.tp + bucket.replicated)
+        acc.expert += cnt * bucket.routed / a.ep_etp
+        acc.fp8_dense += n_fp8 * bucket.tp_sharded / a.tp
+        acc.fp8_expert += n_fp8 * bucket.routed / a.ep_etp
+        if a.ad_kind:
+            acc.lora_dense += cnt * a.ad_kind[k][0]
+            acc.lora_expert += cnt * a.ad_kind[k][1]
+    return tuple(mix)
+
+
+def _recompute_groups(a: _PlanArgs, num_layers: int, lo: int,
+                      hi: int) -> tuple[int, tuple[tuple[int, int, int], ...]]:
+    """Full recompute: the checkpointed groups of the chunk and, for ``block``, the layers
+    after the first N that keep their activations (kind, FP8, BF16)."""
+    if a.full is None or not num_layers:
+        return 0, ()
+    if a.full == "uniform":
+        return -(-num_layers // a.full_n), ()
+    start = min(lo + a.full_n, hi)
+    kept = []
+    for k in range(len(a.shape.buckets)):
+        cnt = a.shape.count(k, start, hi)
+        if cnt:
+            n_fp8 = _fp8_layers(a, k, start, hi, cnt)
+            kept.append((k, n_fp8, cnt - n_fp8))
+    return start - lo, tuple(kept)
+
+
+def _chunk_extras(a: _PlanArgs, acc: _Acc, ch: Any) -> int:
+    """The embedding, output layer and MTP layers a chunk holds; returns its MTP depth."""
+    sh, h, tp, vocab = a.shape, a.shape.h, a.tp, a.vocab_rows
+    if ch.embedding:
+        acc.dense += vocab * h / tp + sh.positions
+    if ch.loss:
+        acc.dense += sh.final_norm
+        if not sh.tied or not ch.embedding:
+            acc.dense += vocab * h / tp
+        if a.lora is not None and a.lora.output_rank:
+            acc.lora_dense += a.lora.output_rank * (h + vocab) / tp
+    mtp = ch.mtp if sh.mtp else 0  # a hybrid pattern without MTP parts builds none
+    if mtp:
+        if not ch.embedding:  # MTP embeds its shifted tokens with its own copy
+            acc.dense += vocab * h / tp + sh.positions
+        # one layer's parameters serve every depth when Megatron-Core repeats it
+        for b in sh.mtp[:mtp]:
+            acc.dense += b.tp_sharded / tp + b.replicated
+            acc.expert += b.routed / a.ep_etp
+            if a.fp8_on:
+                acc.fp8_dense += b.tp_sharded / tp
+                acc.fp8_expert += b.routed / a.ep_etp
+        for a_dense, a_expert in a.ad_mtp[:mtp]:
+            acc.lora_dense += a_dense
+            acc.lora_expert += a_expert
+        acc.kinds.update(sh.mtp_kinds)
+    return mtp
+
+
+def _stage_plan(a: _PlanArgs, chunks: Any) -> _StagePlan:
+    acc = _Acc()
+    cplans = []
+    for ch in chunks:
+        lo, hi = ch.first_layer, ch.first_layer + ch.num_layers
+        mix = _layer_mix(a, acc, lo, hi)
+        groups, kept = _recompute_groups(a, ch.num_layers, lo, hi)
+        mtp = _chunk_extras(a, acc, ch)
+        cplans.append(_ChunkPlan(embedding=ch.embedding, loss=ch.loss, mtp=mtp, layers=mix,
+                                 groups=groups, kept=kept))
+    return _StagePlan(
+        chunks=tuple(cplans), layers=tuple(i for ch in chunks for i in ch.layers),
+        layers_per_chunk=tuple(ch.num_layers for ch in chunks),
+        embedding=any(ch.embedding for ch in chunks),
+        output_layer=any(ch.loss for ch in chunks), mtp_layers=sum(cp.mtp for cp in cplans),
+        dense=acc.dense, expert=acc.expert, fp8_dense=acc.fp8_dense, fp8_expert=acc.fp8_expert,
+        kinds=tuple(sorted(acc.kinds)), lora_dense=acc.lora_dense, lora_expert=acc.lora_expert)
+
+
 def _plan(shape: Shape, place: Placement, tp: int, ep_etp: int, vocab_rows: int, bf16_lo: int,
           bf16_hi: int, full: str | None, full_n: int, fp8_on: bool, etp: int = 1,
           lora: AdapterShape | None = None) -> tuple[_StagePlan, ...]:
+    """What every stage holds: parameters by kind and precision, adapters, the chunks'
+    layers and recompute groups (cached per shape and layout)."""
     # shapes and placements are cached objects: key on identity, check it on a hit (adapter
     # shapes too; their spec is the rest of what they depend on)
     key = (id(shape), id(place), tp, ep_etp, vocab_rows, bf16_lo, bf16_hi, full, full_n, fp8_on,
@@ -394,91 +523,18 @@ def _plan(shape: Shape, place: Placement, tp: int, ep_etp: int, vocab_rows: int,
         return hit[2]
     if len(_PLANS) > 512:
         _PLANS.clear()
-    h = shape.h
     # LoRA adapters per GPU of one layer of each kind / one MTP layer: non-expert ones over TP,
     # expert ones over ETP (one set per EP rank) or EP x ETP (one per expert)
-    ad_kind = ad_mtp = ()
+    ad_kind: tuple[tuple[float, float], ...] = ()
+    ad_mtp: tuple[tuple[float, float], ...] = ()
     if lora is not None:
-        ad_kind = tuple((a.tp_sharded / tp, a.expert_shared / etp + a.expert_each / ep_etp)
-                        for a in lora.kinds)
-        ad_mtp = tuple((a.tp_sharded / tp, a.expert_shared / etp + a.expert_each / ep_etp)
-                       for a in lora.mtp)
-    stages = []
-    for chunks in place:
-        dense = expert = fp8_dense = fp8_expert = lora_dense = lora_expert = 0.0
-        cplans = []
-        kinds_here: set[int] = set()
-        for ch in chunks:
-            lo, hi = ch.first_layer, ch.first_layer + ch.num_layers
-            mix = []
-            for k, bucket in enumerate(shape.buckets):
-                cnt = shape.count(k, lo, hi)
-                if not cnt:
-                    continue
-                kinds_here.add(k)
-                n_fp8 = 0
-                if fp8_on:
-                    n_bf16 = (shape.count(k, lo, max(min(hi, bf16_lo), lo))
-                              + shape.count(k, max(lo, bf16_hi), max(hi, bf16_hi)))
-                    n_fp8 = cnt - n_bf16
-                mix.append((k, n_fp8, cnt - n_fp8))
-                dense += cnt * (bucket.tp_sharded / tp + bucket.replicated)
-                expert += cnt * bucket.routed / ep_etp
-                fp8_dense += n_fp8 * bucket.tp_sharded / tp
-                fp8_expert += n_fp8 * bucket.routed / ep_etp
-                if ad_kind:
-                    lora_dense += cnt * ad_kind[k][0]
-                    lora_expert += cnt * ad_kind[k][1]
-            groups = 0
-            kept: list[tuple[int, int, int]] = []
-            if full is not None and ch.num_layers:
-                if full == "uniform":
-                    groups = -(-ch.num_layers // full_n)
-                else:
-                    start = min(lo + full_n, hi)
-                    groups = start - lo
-                    for k in range(len(shape.buckets)):
-                        cnt = shape.count(k, start, hi)
-                        if cnt:
-                            n_fp8 = 0
-                            if fp8_on:
-                                n_fp8 = cnt - (
-                                    shape.count(k, start, max(min(hi, bf16_lo), start))
-                                    + shape.count(k, max(start, bf16_hi), max(hi, bf16_hi)))
-                            kept.append((k, n_fp8, cnt - n_fp8))
-            if ch.embedding:
-                dense += vocab_rows * h / tp + shape.positions
-            if ch.loss:
-                dense += shape.final_norm
-                if not shape.tied or not ch.embedding:
-                    dense += vocab_rows * h / tp
-                if lora is not None and lora.output_rank:
-                    lora_dense += lora.output_rank * (h + vocab_rows) / tp
-            mtp = ch.mtp if shape.mtp else 0  # a hybrid pattern without MTP parts builds none
-            if mtp:
-                if not ch.embedding:  # MTP embeds its shifted tokens with its own copy
-                    dense += vocab_rows * h / tp + shape.positions
-                # one layer's parameters serve every depth when Megatron-Core repeats it
-                for b in shape.mtp[:mtp]:
-                    dense += b.tp_sharded / tp + b.replicated
-                    expert += b.routed / ep_etp
-                    if fp8_on:
-                        fp8_dense += b.tp_sharded / tp
-                        fp8_expert += b.routed / ep_etp
-                for a_dense, a_expert in ad_mtp[:mtp]:
-                    lora_dense += a_dense
-                    lora_expert += a_expert
-                kinds_here.update(shape.mtp_kinds)
-            cplans.append(_ChunkPlan(embedding=ch.embedding, loss=ch.loss, mtp=mtp,
-                                     layers=tuple(mix), groups=groups, kept=tuple(kept)))
-        stages.append(_StagePlan(
-            chunks=tuple(cplans), layers=tuple(i for ch in chunks for i in ch.layers),
-            layers_per_chunk=tuple(ch.num_layers for ch in chunks),
-            embedding=any(ch.embedding for ch in chunks),
-            output_layer=any(ch.loss for ch in chunks), mtp_layers=sum(cp.mtp for cp in cplans),
-            dense=dense, expert=expert, fp8_dense=fp8_dense, fp8_expert=fp8_expert,
-            kinds=tuple(sorted(kinds_here)), lora_dense=lora_dense, lora_expert=lora_expert))
-    out = tuple(stages)
+        ad_kind = tuple((x.tp_sharded / tp, x.expert_shared / etp + x.expert_each / ep_etp)
+                        for x in lora.kinds)
+        ad_mtp = tuple((x.tp_sharded / tp, x.expert_shared / etp + x.expert_each / ep_etp)
+                       for x in lora.mtp)
+    args = _PlanArgs(shape, tp, ep_etp, vocab_rows, bf16_lo, bf16_hi, full, full_n, fp8_on,
+                     lora, ad_kind, ad_mtp)
+    out = tuple(_stage_plan(args, chunks) for chunks in place)
     _PLANS[key] = (shape, place, out, lora)
     return out
 
@@ -1140,6 +1196,13 @@ def _notes(cfg: TrainingConfig, d: Derived, c: ActContext, shape: Shape, expanda
     elif p.fp8 and m.transformer_impl == "local":
         warnings.append("fp8 is set but transformer_impl=local runs without Transformer Engine: "
                         "FP8 is ignored here")
+    _memory_notes(cfg, c, shape, expandable, warnings, assumptions, not_modeled)
+
+
+def _memory_notes(cfg: TrainingConfig, c: ActContext, shape: Shape, expandable: bool,
+                  warnings: list[str], assumptions: list[str], not_modeled: list[str]) -> None:
+    """The notes on recompute, offload, sharding, attention kernels and the allocator."""
+    m = cfg.model
     if c.full is not None:
         assumptions.append(f"full recompute ({c.full}, recompute_num_layers={c.full_n}): each "
                            "group keeps its input; one group's activations are live during its "

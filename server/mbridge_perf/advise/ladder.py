@@ -92,8 +92,8 @@ def rescue_rungs(cfg: TrainingConfig, d: Derived, *, long_context: bool) -> list
     """The ladder as single rungs for a walk that keeps each accepted rung and stops at the
     first that fits: the allocator, the distributed optimizer, the selective modules one by one
     (each to be added to the modules kept so far), full recompute (uniform, one layer: the
-    largest saving; not at long context), then optimizer CPU offload at growing fractions
-    (needs the distributed optimizer: on already or from its rung)."""
+    fewest stored inputs per micro-batch; not at long context), then optimizer CPU offload at
+    growing fractions (needs the distributed optimizer: on already or from its rung)."""
     m = cfg.model
     steps: list[Rung] = []
     if allocator_applies(cfg):

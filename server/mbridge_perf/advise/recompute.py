@@ -331,7 +331,8 @@ def _full(lad: _Ladder) -> None:
            "(the fewest recomputed layers that fit and save more than the step above)"
            if method == "block" else
            'recompute_method="uniform", recompute_num_layers=1: every layer keeps only its '
-           "input and is recomputed in its backward (the largest saving)")
+           "input and is recomputed in its backward (the fewest stored inputs per "
+           "micro-batch)")
     extra = ""
     if graph:
         extra = (f" Full recompute asserts with per-layer CUDA graphs "

@@ -1204,9 +1204,11 @@ def _memory_notes(cfg: TrainingConfig, c: ActContext, shape: Shape, expandable: 
     """The notes on recompute, offload, sharding, attention kernels and the allocator."""
     m = cfg.model
     if c.full is not None:
-        assumptions.append(f"full recompute ({c.full}, recompute_num_layers={c.full_n}): each "
-                           "group keeps its input; one group's activations are live during its "
-                           "backward")
+        assumptions.append(f"full recompute ({c.full}, recompute_num_layers={c.full_n}): "
+                           + ("each group of N layers keeps its input and is rebuilt whole in "
+                              "its backward" if c.full == "uniform" else
+                              "the first N layers of each chunk keep only their input and are "
+                              "rebuilt one at a time; the rest keep their activations"))
     if c.offload:
         assumptions.append("fine-grained activation offloading: the offloaded modules' saved "
                            f"tensors ({', '.join(sorted(c.offload))}) are counted on the host")

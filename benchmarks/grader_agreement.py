@@ -1,0 +1,95 @@
+"""How often `eval grade --skill` agrees with the label of answers written by other people.
+
+    .venv/bin/python benchmarks/grader_agreement.py [--data ../shared/data/evals-dev] [-v]
+
+Each answer in <data>/<skill>/*.md carries front matter (label good|bad, reason, question,
+style). The grader sees the body only (front matter stripped), graded as
+`mbridge-perf eval grade --skill <skill>` does. Prints agreement per skill for the
+development half and the measured half apart.
+
+THE SPLIT (fixed once, before any grader change for issue 22, and never revised): per skill,
+the good answers sorted by file name and the bad answers sorted by file name are dealt
+alternately, starting with the development half in the 1st and 3rd skill (sorted by name) and
+with the measured half in the 2nd and 4th, so each half holds 24 answers (10 good, 14 bad).
+Grader work looks only at the development half; the measured half is only run here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+from mbridge_perf.evals.answer import parse_answer
+from mbridge_perf.evals.grade import grade_skill
+from mbridge_perf.skillpack.pack import get_skill
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_DATA = REPO.parent / "shared" / "data" / "evals-dev"
+_FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
+
+
+def split(data: Path) -> dict[str, list[Path]]:
+    """{'dev': [...], 'measured': [...]}, deterministic from the file names alone."""
+    halves: dict[str, list[Path]] = {"dev": [], "measured": []}
+    skills = sorted(p for p in data.iterdir() if p.is_dir())
+    for s, skill_dir in enumerate(skills):
+        files = sorted(skill_dir.glob("*.md"))
+        for label in ("good", "bad"):
+            mine = [f for f in files if _meta(f)[0].get("label") == label]
+            for k, f in enumerate(mine):
+                dev = (k + s) % 2 == 0
+                halves["dev" if dev else "measured"].append(f)
+    return halves
+
+
+def _meta(path: Path) -> tuple[dict, str]:
+    text = path.read_text(encoding="utf-8")
+    m = _FRONT.match(text)
+    if not m:
+        return {}, text
+    return yaml.safe_load(m.group(1)) or {}, text[m.end():]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("-v", "--verbose", action="store_true", help="list every disagreement")
+    args = parser.parse_args()
+    if not args.data.is_dir():
+        print(f"no data at {args.data}", file=sys.stderr)
+        return 2
+    halves = split(args.data)
+    for half in ("dev", "measured"):
+        per: dict[str, list[int]] = {}
+        wrong: list[str] = []
+        for f in halves[half]:
+            meta, body = _meta(f)
+            skill = f.parent.name
+            card = get_skill(REPO, skill).card
+            grade = grade_skill(card, parse_answer(body), skill)
+            ok = grade.passed == (meta.get("label") == "good")
+            row = per.setdefault(skill, [0, 0])
+            row[0] += ok
+            row[1] += 1
+            if not ok:
+                failed = [f"{e.text} [{e.evidence}]" for e in grade.expectations if not e.passed]
+                wrong.append(f"  {skill.removeprefix('nemo-mbridge-perf-')}/{f.name} "
+                             f"({meta.get('label')}, graded {'pass' if grade.passed else 'fail'})"
+                             + ("".join(f"\n      - {x}" for x in failed) if args.verbose
+                                else ""))
+        tot = [sum(r[0] for r in per.values()), sum(r[1] for r in per.values())]
+        print(f"{half} half: {tot[0]}/{tot[1]} agree ({tot[0] / max(tot[1], 1):.0%})")
+        for skill, (a, n) in sorted(per.items()):
+            print(f"  {skill.removeprefix('nemo-mbridge-perf-'):28s} {a}/{n}")
+        if wrong:
+            print(f"  disagreements ({len(wrong)}):")
+            print("\n".join(wrong))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -10,6 +10,7 @@ recommendation, ranked after every other one.
 from __future__ import annotations
 
 import re
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -33,13 +34,43 @@ _SIZE_VALUE = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK})\s*(?:=|:|of|to|is|at|fro
 _SIZE_ARROW = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK})=(\d+)\s*(?:->|→|to)\s*(\d+)")
 _FLAG_VALUE = re.compile(r"(--?[a-z][a-z0-9_\-]*)\s+(\d+|true|false)\b")
 _DROP = re.compile(r"[`*\"'“”‘’]")
+_SPACE = re.compile(r"\s+")
+# Numbers with units: "28 %", "28 percent", "−28 pct" -> "28%"; unicode minus and dashes -> "-".
+_MINUS = re.compile(r"[−‒–—](?=\d)")
+_PERCENT = re.compile(r"(\d)\s*(?:%|percent\b|per cent\b|pct\b)")
+# "4-way → 8-way TP", "TP 4-way -> 8-way", "8-way TP": sizes as tp=4 -> tp=8 / tp=8.
+_WAY_PAIR = re.compile(rf"(?:\b({_SIZE_TOK})\s+)?(\d+)-way\s*(?:->|→|to)\s*(\d+)-way"
+                       rf"(?:\s+({_SIZE_TOK})\b)?")
+_WAY_ONE = re.compile(rf"(\d+)-way\s+({_SIZE_TOK})\b|\b({_SIZE_TOK})\s+(\d+)-way")
+_FROM_TO = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK})\s+from\s+(\d+)\s+to\s+(\d+)(?!\d)")
+_ARROW = re.compile(r"\s*(?:->|→|=>|⇒)\s*")
+
+
+def _way_pair(m: re.Match[str]) -> str:
+    tok = m.group(1) or m.group(4)
+    if not tok:
+        return m.group(0)
+    return f"{tok}={m.group(2)} -> {tok}={m.group(3)}"
+
+
+def _way_one(m: re.Match[str]) -> str:
+    if m.group(1):
+        return f"{m.group(2)}={m.group(1)}"
+    return f"{m.group(3)}={m.group(4)}"
 
 
 def normalise(text: str) -> str:
-    """Lower-case, drop quotes and emphasis, one spelling per parallel size, flags as flag=v."""
-    s = _DROP.sub("", text.lower())
+    """Lower-case, drop quotes and emphasis, one space per run of white space, one spelling per
+    parallel size and size change (TP 4→8, "from 4 to 8", "4-way → 8-way" all read
+    ``tp=4 -> tp=8``), percentages as ``28%``, flags as flag=v."""
+    s = _SPACE.sub(" ", _DROP.sub("", text.lower()))
+    s = _PERCENT.sub(r"\1%", _MINUS.sub("-", s))
+    s = _ARROW.sub(" -> ", s)
     for rx, tok in _SIZE_RE:
         s = rx.sub(tok, s)
+    s = _WAY_PAIR.sub(_way_pair, s)
+    s = _WAY_ONE.sub(_way_one, s)
+    s = _FROM_TO.sub(r"\1=\2 -> \1=\3", s)
     s = _SIZE_VALUE.sub(r"\1=\2", s)
     s = _SIZE_ARROW.sub(r"\1=\2 -> \1=\3", s)
     return _FLAG_VALUE.sub(r"\1=\2", s)
@@ -128,27 +159,74 @@ def clip(text: str, limit: int = 240) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _spans(rx: re.Pattern[str], s: str) -> list[tuple[int, int]]:
-    return [(m.start(), m.end()) for m in rx.finditer(s)]
+class _Scan:
+    """Everything about a unit that judging a match needs, found in one pass per cue kind, so
+    judging each of its matches costs a few bisections (linear in the unit, not quadratic)."""
+
+    def __init__(self, s: str) -> None:
+        self.breaks = [(m.start(), m.end()) for m in _BREAK.finditer(s)]
+        self.break_starts = [b[0] for b in self.breaks]
+        self.break_ends = [b[1] for b in self.breaks]
+        self.late = [(m.start(), m.end()) for m in _LATE.finditer(s)]
+        self.cond = [(m.start(), m.end()) for m in _COND.finditer(s)]
+        self.skip = _merge(self.late + self.cond)
+        self.reported = [m.start() for m in _REPORTED.finditer(s)]
+        self.label_ends = [m.end() for m in _LABEL.finditer(s)]
+        self.semis = [k for k, ch in enumerate(s) if ch == ";"]
+        self.prefix = [(m.start(), m.end()) for m in _PREFIX.finditer(s)
+                       if not self.masked(m.start(), m.end())]
+        self.prefix_starts = [p[0] for p in self.prefix]
+        self.suffix = [(m.start(), m.end()) for m in _SUFFIX.finditer(s)
+                       if not self.masked(m.start(), m.end())]
+        self.suffix_starts = [p[0] for p in self.suffix]
+        self.not_first = [(m.start(), m.end()) for m in _NOT_FIRST.finditer(s)
+                          if not self.masked(m.start(), m.end())]
+        self.not_first_starts = [p[0] for p in self.not_first]
+        self.graph_lists = [(m.start(), m.end()) for m in _GRAPH_LIST.finditer(s)]
+
+    def clause(self, start: int, end: int, n: int) -> tuple[int, int]:
+        k = bisect_right(self.break_ends, start) - 1
+        lo = self.break_ends[k] if k >= 0 else 0
+        j = bisect_left(self.break_starts, end)
+        hi = self.break_starts[j] if j < len(self.break_starts) else n
+        return lo, hi
+
+    def masked(self, a: int, b: int) -> bool:
+        return _hits(self.skip, a) or _hits(self.skip, b - 1)
 
 
-def _clause(s: str, start: int, end: int) -> tuple[int, int]:
-    lo, hi = 0, len(s)
-    for b in _BREAK.finditer(s):
-        if b.end() <= start:
-            lo = b.end()
-        elif b.start() >= end:
-            hi = b.start()
-            break
-    return lo, hi
+def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for x, y in sorted(spans):
+        if out and x <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], y))
+        else:
+            out.append((x, y))
+    return out
+
+
+def _hits(spans: list[tuple[int, int]], pos: int) -> bool:
+    """Whether pos lies inside one of the sorted, disjoint spans."""
+    k = bisect_right(spans, (pos, 1 << 60)) - 1
+    return k >= 0 and spans[k][0] <= pos < spans[k][1]
 
 
 def _inside(spans: list[tuple[int, int]], a: int, b: int) -> bool:
-    return any(x <= a and b <= y for x, y in spans)
+    k = bisect_right(spans, (a, 1 << 60)) - 1
+    return k >= 0 and spans[k][0] <= a and b <= spans[k][1]
 
 
-def _masked(spans: list[tuple[int, int]], a: int, b: int) -> bool:
-    return any(x <= a < y or x < b <= y for x, y in spans)
+@lru_cache(maxsize=8192)
+def _scan(s: str) -> _Scan:
+    return _Scan(s)
+
+
+def _first_at(starts: list[int], spans: list[tuple[int, int]], lo: int, hi: int
+              ) -> tuple[int, int] | None:
+    k = bisect_left(starts, lo)
+    if k < len(spans) and spans[k][1] <= hi:
+        return spans[k]
+    return None
 
 
 def is_recommended(unit: Unit, start: int, end: int) -> bool:
@@ -156,30 +234,47 @@ def is_recommended(unit: Unit, start: int, end: int) -> bool:
     if unit.negated_section:
         return False
     s = unit.norm
-    lo, hi = _clause(s, start, end)
-    late, cond = _spans(_LATE, s), _spans(_COND, s)
-    if _inside(cond, start, end) and not _inside(late, start, end):
+    sc = _scan(s)
+    lo, hi = sc.clause(start, end, len(s))
+    if _inside(sc.cond, start, end) and not _inside(sc.late, start, end):
         return False
-    if _REPORTED.search(s, lo, hi) or _under_label(s, start):
+    k = bisect_left(sc.reported, lo)
+    if (k < len(sc.reported) and sc.reported[k] < hi) or _under_label(sc, start):
         return False
-    skip = late + cond
-    for cue in _PREFIX.finditer(s, lo, start):
-        if not _masked(skip, cue.start(), cue.end()):
+    if _first_at(sc.prefix_starts, sc.prefix, lo, start):
+        return False
+    limit = min(hi, end + _SUFFIX_REACH)
+    k = bisect_left(sc.suffix_starts, end)
+    while k < len(sc.suffix) and sc.suffix[k][1] <= limit:
+        if not _own_subject(s, end, sc.suffix[k][0]):
             return False
-    for cue in _SUFFIX.finditer(s, end, min(hi, end + _SUFFIX_REACH)):
-        if not _masked(skip, cue.start(), cue.end()) and not _own_subject(s, end, cue.start()):
-            return False
-    nf = _NOT_FIRST.search(s, end, hi)
-    return not (nf and not _masked(skip, nf.start(), nf.end()))
+        k += 1
+    return _first_at(sc.not_first_starts, sc.not_first, end, hi) is None
 
 
-# "Avoid: TP=8, PP=8" — a cue used as a label negates the rest of the unit up to a ";".
+# "Avoid: TP=8, PP=8", "Do not trade DP for PP: PP 4→8 ..." — a cue used as a label (or a
+# negated lead-in ending in a colon) negates the rest of the unit up to a ";".
 _LABEL = re.compile(r"\b(?:avoid|do not|don't|never|rejected|not recommended|what not to do|"
-                    r"wrong|mistakes?|claims to avoid)\s*:")
+                    r"wrong|mistakes?|claims to avoid)\s*:|"
+                    r"^\s*(?:\d+[.)]\s*)?(?:do not|don't|never|avoid|no)\b[^:;.]{0,80}:")
+# A graph scope list names modules that are captured, not recomputed.
+_GRAPH_LIST = re.compile(r"cuda[_ ]graph[_ ](?:modules|scope)\s*[:=]?\s*\[[^\]]{0,200}\]|"
+                         r"(?:graph(?:s|ed)?|capture[sd]?)\s+(?:scope|modules?)\s*[:=]?\s*"
+                         r"(?:(?:attn|mlp|moe|moe_router|moe_preprocess|mamba|layernorm)"
+                         r"(?:,\s*|\s+and\s+|\s+)?){1,6}")
 
 
-def _under_label(s: str, start: int) -> bool:
-    return any(";" not in s[m.end():start] for m in _LABEL.finditer(s, 0, start))
+def _under_label(sc: _Scan, start: int) -> bool:
+    k = bisect_left(sc.label_ends, start + 1) - 1
+    if k < 0:
+        return False
+    j = bisect_left(sc.semis, start) - 1
+    return j < 0 or sc.semis[j] < sc.label_ends[k]
+
+
+def in_graph_scope(unit: Unit, start: int, end: int) -> bool:
+    """Whether a match sits in a CUDA-graph module list ("cuda_graph_modules: [mlp]")."""
+    return _inside(_scan(unit.norm).graph_lists, start, end)
 
 
 _PAREN_LEAD = re.compile(r"\(\s*(?:it |is |are |both |all |now |currently |still )*$")
@@ -197,8 +292,11 @@ def find(units: list[Unit], term: str) -> list[Match]:
     found: list[Match] = []
     for alt in (t for t in term.split("|") if t.strip()):
         rx = term_regex(alt)
+        graph_term = "graph" in alt.lower()
         for u in units:
             for m in rx.finditer(u.norm):
+                if not graph_term and in_graph_scope(u, m.start(), m.end()):
+                    continue
                 found.append(Match(u, m.start(), m.end(), is_recommended(u, m.start(), m.end())))
     found.sort(key=lambda m: (m.unit.index, m.start))
     return found

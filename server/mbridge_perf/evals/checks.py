@@ -11,9 +11,11 @@ from itertools import pairwise
 from typing import Any
 
 from mbridge_perf.evals.answer import Answer
+from mbridge_perf.evals.claims import find_misconceptions, misconceptions
 from mbridge_perf.evals.jsonpath import PathError, query
 from mbridge_perf.evals.keys import invented_keys
 from mbridge_perf.evals.text import Match, Unit, clip, find
+from mbridge_perf.evals.vocab import synonyms
 
 
 @dataclass
@@ -32,17 +34,28 @@ def _rank(u: Unit) -> tuple[int, int]:
 
 
 def _alternatives(term: str) -> list[list[str]]:
-    """``a|b`` = either; ``a&b`` = both in one unit (``|`` binds loosest)."""
+    """``a|b`` = either; ``a&b`` = both in one unit (``|`` binds loosest); ``re:`` = a regex."""
+    if term.startswith("re:"):
+        return [[term]]
     alts = [[p for p in alt.split("&") if p.strip()] for alt in term.split("|")]
     return [a for a in alts if a]
+
+
+def find_any(units: list[Unit], term: str) -> list[Match]:
+    """Matches of a term and of its synonyms (evals.vocab), one per position, in order."""
+    seen: dict[tuple[int, int], Match] = {}
+    for t in [term, *synonyms(term)]:
+        for m in find(units, t):
+            seen.setdefault((m.unit.index, m.start), m)
+    return sorted(seen.values(), key=lambda m: (m.unit.index, m.start))
 
 
 def _matches(units: list[Unit], term: str, want_rec: bool) -> list[Match]:
     out: list[Match] = []
     for parts in _alternatives(term):
-        hits = [m for m in find(units, parts[0]) if m.recommended or not want_rec]
+        hits = [m for m in find_any(units, parts[0]) if m.recommended or not want_rec]
         for other in parts[1:]:
-            with_other = {m.unit.index for m in find(units, other)
+            with_other = {m.unit.index for m in find_any(units, other)
                           if m.recommended or not want_rec}
             hits = [m for m in hits if m.unit.index in with_other]
         out += hits
@@ -143,9 +156,12 @@ def order(a: Answer, pairs: list[list[str]]) -> list[Expectation]:
     return out
 
 
-def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist"
-              ) -> list[Expectation]:
-    """Each item present (recommended when kind=recommend), recommendations in card order."""
+def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist", *,
+              lenient_order: bool = False) -> list[Expectation]:
+    """Each item present (recommended when kind=recommend), recommendations in card order.
+    ``lenient_order``: an item is in order when it is recommended somewhere after the earliest
+    recommendation of the item before it (an early passing mention — "window 41–50" in the
+    contract — does not make it come first)."""
     out: list[Expectation] = []
     ranks: list[tuple[str, tuple[int, int], Match]] = []
     for item in items:
@@ -159,13 +175,37 @@ def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist"
                                f"none of {_quote(item['match'])} {miss}", check))
         if rec and hits:
             ranks.append((item["id"], _rank(hits[0].unit), hits[0]))
-    if len(ranks) > 1:
+            if lenient_order:
+                ranks[-1] = (*ranks[-1], _rank(hits[-1].unit), hits[-1])
+    if lenient_order and len(ranks) > 1:
+        bad = [(x, y) for x, y in pairwise(ranks) if x[1] > y[3]]
+        evidence = ("; ".join(f"'{y[0]}' ({y[4].evidence}) comes before '{x[0]}' "
+                              f"({x[2].evidence})" for x, y in bad) if bad
+                    else " < ".join(f"{r[0]} ({clip(r[2].unit.text, 60)})" for r in ranks))
+        out.append(Expectation("checklist recommendations follow the card's order", not bad,
+                               evidence, f"{check}.order"))
+    elif len(ranks) > 1:
         bad = [(x, y) for x, y in pairwise(ranks) if x[1] > y[1]]
         evidence = ("; ".join(f"'{y[0]}' ({y[2].evidence}) comes before '{x[0]}'"
                               for x, y in bad) if bad else " < ".join(r[0] for r in ranks))
         out.append(Expectation("checklist recommendations follow the card's order", not bad,
                                evidence, f"{check}.order"))
     return out
+
+
+def no_misconceptions(a: Answer, card: dict[str, Any] | None, terms: list[str]
+                      ) -> Expectation:
+    """The answer asserts none of the wrong claims / wrong first steps the card lists."""
+    items = misconceptions(card or {})
+    terms = terms + [t for i in (card or {}).get("answer_checklist", [])
+                     if i.get("kind", "recommend") == "recommend" for t in i["match"]]
+    found = find_misconceptions(card or {}, a.units, terms)
+    text = "asserts none of the skill's misconceptions"
+    if not found:
+        return Expectation(text, True, f"none of {len(items)} asserted", "misconceptions",
+                           critical=True)
+    return Expectation(text, False, " | ".join(f.evidence for f in found[:3]),
+                       "misconceptions", critical=True)
 
 
 def tool_calls(a: Answer, spec: dict[str, list[str]]) -> list[Expectation]:
@@ -218,9 +258,10 @@ def _extract(a: Answer, extract: str) -> list[float] | str:
         rx = re.compile(expr, re.IGNORECASE)
         nums = []
         for m in rx.finditer(a.text):
+            groups = [g for g in m.groups() if g is not None] if m.groups() else [m.group(0)]
             try:
-                nums.append(float(m.group(1) if m.groups() else m.group(0)))
-            except ValueError:
+                nums.append(float(groups[0].replace(",", "")))
+            except (ValueError, IndexError, TypeError):
                 continue
         return nums if nums else f"text /{expr}/: no match"
     return f"extract {extract!r} must start with 'json:' or 'text:'"

@@ -80,6 +80,8 @@ def _case_expectations(case: dict[str, Any], card: dict[str, Any] | None, answer
     if "tool_calls" in c:
         out += ck.tool_calls(answer, c["tool_calls"])
     out += ck.checklist(answer, items)
+    if case.get("expected_skill") is not None and (card or {}).get("misconceptions"):
+        out.append(ck.no_misconceptions(answer, card, _vocab(c, items)))
     if c.get("valid_keys_only"):
         out.append(ck.valid_keys(answer))
     return out
@@ -113,6 +115,9 @@ def grade_case(case: dict[str, Any], card: dict[str, Any] | None, answer: Answer
 def grade_skill(card: dict[str, Any], answer: Answer, skill: str) -> Grade:
     """Against the skill's whole answer checklist, for a question not in evals.json: every
     item present, the recommendations in the card's order, only real knobs."""
-    exps = ck.checklist(answer, card["answer_checklist"])
+    items = card["answer_checklist"]
+    exps = ck.checklist(answer, items, lenient_order=True)
     exps.append(ck.valid_keys(answer))
+    if card.get("misconceptions"):
+        exps.append(ck.no_misconceptions(answer, card, _vocab({}, items)))
     return _verdict(f"skill:{skill}", exps, {"checklist.order", "valid_keys_only"})

@@ -66,7 +66,7 @@ def invented_keys(units: list[Unit]) -> list[BadKey]:
     al = allowlist()
     bad: list[BadKey] = []
     for u in units:
-        raw = _STRIP.sub("", u.text)
+        raw = " ".join(_STRIP.sub("", u.text).split())
         low = raw.lower()
         found: list[tuple[str, str]] = []
         for m in _DOTTED.finditer(raw):
@@ -74,7 +74,8 @@ def invented_keys(units: list[Unit]) -> list[BadKey]:
             if sec in al.sections and name not in al.sections[sec] and name != "yaml":
                 found.append((name, f"{sec}.{name} (no such field in {sec})"))
         for m in _ASSIGN.finditer(raw):
-            if m.group(1) not in al.fields and not _after_dot(raw, m.start()):
+            if (m.group(1) not in al.fields and m.group(1) not in al.sections
+                    and not _after_dot(raw, m.start())):
                 found.append((m.group(1), f"{m.group(1)} (no such config field or flag)"))
         for m in _LIST_VALUE.finditer(low):
             allowed = al.enums[m.group(1)]

@@ -14,21 +14,13 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
 
+from mbridge_perf.evals.vocab import SIZE_TOKENS, SIZES
+
 # Parallel sizes: every spelling becomes one token ("tp=8"), so TP=8, TP8, "tensor parallel
 # size 8" and tensor_model_parallel_size=8 match each other and PP=8 never matches VPP=8.
-_SIZES = [
-    (r"virtual[_ ]pipeline[_ ]model[_ ]parallel[_ ]size|virtual[ -]pipeline(?:[ -]parallel"
-     r"(?:ism)?)?(?: size)?|\bvpp", "vpp"),
-    (r"tensor[_ ]model[_ ]parallel[_ ]size|tensor[ -]parallel(?:ism)?(?: size)?|\btp", "tp"),
-    (r"pipeline[_ ]model[_ ]parallel[_ ]size|pipeline[ -]parallel(?:ism)?(?: size)?|\bpp", "pp"),
-    (r"context[_ ]parallel[_ ]size|context[ -]parallel(?:ism)?(?: size)?|\bcp", "cp"),
-    (r"expert[_ ]tensor[_ ]parallel[_ ]size|\betp", "etp"),
-    (r"expert[_ ]model[_ ]parallel[_ ]size|expert[ -]parallel(?:ism)?(?: size)?|\bep", "ep"),
-    (r"expert[ -]data[ -]parallel(?:ism)?(?: size)?|\bedp", "edp"),
-    (r"data[ -]parallel(?:ism)?(?: size)?|\bdp", "dp"),
-]
+_SIZES = SIZES
 _SIZE_RE = [(re.compile(rf"(?<![a-z0-9_.])(?:{pat})(?![a-z_])"), tok) for pat, tok in _SIZES]
-_SIZE_TOK = "vpp|etp|edp|tp|pp|cp|ep|dp"
+_SIZE_TOK = SIZE_TOKENS
 _SIZE_VALUE = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK})\s*(?:=|:|of|to|is|at|from|size)?\s*(\d+)"
                          r"(?!\d|\.\d)")
 _SIZE_ARROW = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK})=(\d+)\s*(?:->|→|to)\s*(\d+)")
@@ -79,7 +71,10 @@ def normalise(text: str) -> str:
 @lru_cache(maxsize=4096)
 def term_regex(term: str) -> re.Pattern[str]:
     """A term as a regex over normalised text: `_`, `-` and spaces interchangeable, `:` = `=`,
-    whole words only (``moe`` does not match ``moe_act``, ``mlp`` matches ``mlp recompute``)."""
+    whole words only (``moe`` does not match ``moe_act``, ``mlp`` matches ``mlp recompute``).
+    A term ``re:<regex>`` is that regular expression over normalised text."""
+    if term.startswith("re:"):
+        return re.compile(term[3:])
     t = normalise(term.strip())
     out: list[str] = []
     for ch in t:
@@ -290,7 +285,8 @@ def _own_subject(s: str, end: int, cue: int) -> bool:
 def find(units: list[Unit], term: str) -> list[Match]:
     """Every match of a term (alternatives split on `|`) in the units, in document order."""
     found: list[Match] = []
-    for alt in (t for t in term.split("|") if t.strip()):
+    alts = [term] if term.startswith("re:") else [t for t in term.split("|") if t.strip()]
+    for alt in alts:
         rx = term_regex(alt)
         graph_term = "graph" in alt.lower()
         for u in units:

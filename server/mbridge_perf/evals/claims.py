@@ -1,0 +1,179 @@
+"""Misconceptions: the wrong claims and wrong first steps a skill warns against (its card's
+``misconceptions``), found in an answer with their polarity.
+
+A card entry::
+
+    - id: tp-raise-first
+      kind: action            # action: wrong advice (judged by the recommendation's polarity)
+                              # claim: a wrong statement of fact (judged by correction cues)
+      first: true             # only wrong as the first recommendation (action only)
+      claim: Raising TP (4→8) is the first fix for a borderline OOM.
+      wrong_because: ...      # what makes it wrong, quoted in the verdict
+      source: ...             # where the skill says so
+      match: [<regex>, ...]   # every regex must hit one sentence / list item (normalised text:
+                              # lower case, sizes as tp=8, changes as "tp=4 -> tp=8", "28%")
+      unless: [<regex>, ...]  # any hit in that sentence rejects or corrects the claim
+      number: {expect: 28.4, rel_tol: 0.2}   # claim = the first group of match[0] is a number
+                              # outside this tolerance ("TP 4→8 costs about 5 %")
+      examples: {asserts: [...], rejects: [...]}   # sentences the tests run through the grader
+
+An answer asserts a claim in a unit when every ``match`` regex hits, no ``unless`` regex or
+generic correction cue ("myth", "is wrong", "not true") hits, the unit is not a reported view
+("your teammate says ...", "the review bot claims ...") nor under a negated heading, and — for an
+action — the first regex's hit is a recommendation (not "do not", not conditional). Every scan is
+one regex pass over a bounded unit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from mbridge_perf.evals.text import Unit, clip, is_recommended
+
+_CORRECTION = re.compile(
+    r"\b(?:myths?|misconceptions?|is wrong|are wrong|wrongly|not true|untrue|incorrect|false|"
+    r"mistaken|a mistake|common mistake|contrary to|debunk\w*)\b")
+_REPORTED = re.compile(
+    r"\b(?:teammate|colleague|someone|review bot|the bot|claims?|claimed|suggests?|suggested|"
+    r"proposes?|proposed|the runbook|people say|you may have read|you might think|"
+    r"you (?:read|heard)|is often said|it is tempting)\b")
+_FIRST_CUE = re.compile(
+    r"(?:^|[.:;!] )first\b|\bfirst(?:,| step| fix| lever| thing| move| option| change| try)"
+    r"|\bfirst(?= ?(?:[.;!:)]|$| and | then | before ))|\bstart (?:with|by)\b|\bquickest\b"
+    r"|\bfastest fix\b|\bgo straight\b|\bstraight to\b|\bbefore anything\b|\bstep 1\b"
+    r"|\bright away\b|\bimmediately\b")
+# An action is advice when its sentence tells the reader to do something.
+_ADVICE = re.compile(
+    r"^(?:\d+[.)] ?)?(?:\w+[:.] )?(?:set|use|enable|add|switch|turn|go|move|raise|increase|"
+    r"double|bump|try|apply|start|prefer|put|export|change|make|lower|reduce|flip|jump|"
+    r"give|bring|run)\b|\b(?:should|must|recommend\w*|suggest\w*|i'd|i would|let's|you can|"
+    r"you could|need to|go straight|straight to|first step|start with|start by|the fix is|"
+    r"answer is|best (?:fix|option|lever)|quickest|fastest|easiest)\b")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+@dataclass(frozen=True)
+class Misconception:
+    id: str
+    kind: str
+    claim: str
+    wrong_because: str
+    source: str
+    match: tuple[re.Pattern[str], ...]
+    unless: tuple[re.Pattern[str], ...]
+    first: bool = False
+    number: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class Finding:
+    misconception: Misconception
+    unit: Unit
+
+    @property
+    def evidence(self) -> str:
+        m = self.misconception
+        return f"asserts '{m.claim}' in: {clip(self.unit.text, 200)} — wrong: {m.wrong_because}"
+
+
+_CACHE: dict[str, tuple[Misconception, ...]] = {}
+
+
+def _one(e: dict[str, Any]) -> Misconception:
+    num = e.get("number")
+    return Misconception(
+        id=e["id"], kind=e.get("kind", "claim"), claim=e["claim"],
+        wrong_because=e["wrong_because"], source=e["source"],
+        match=tuple(re.compile(r) for r in e["match"]),
+        unless=tuple(re.compile(r) for r in e.get("unless", [])),
+        first=bool(e.get("first", False)),
+        number=(float(num["expect"]), float(num.get("rel_tol", 0.1))) if num else None)
+
+
+def misconceptions(card: dict[str, Any]) -> tuple[Misconception, ...]:
+    """The card's misconceptions, compiled (cached per card content)."""
+    raw = card.get("misconceptions") or []
+    key = json.dumps(raw, sort_keys=True)
+    if key not in _CACHE:
+        _CACHE[key] = tuple(_one(e) for e in raw)
+    return _CACHE[key]
+
+
+def _asserted_in(m: Misconception, u: Unit) -> bool:
+    if u.negated_section:
+        return False
+    s = u.norm
+    hits = []
+    for rx in m.match:
+        hit = rx.search(s)
+        if hit is None:
+            return False
+        hits.append(hit)
+    if any(rx.search(s) for rx in m.unless) or _CORRECTION.search(s) or _REPORTED.search(s):
+        return False
+    if m.number is not None and not _wrong_number(m, hits[0]):
+        return False
+    if m.kind == "action":
+        return bool(_ADVICE.search(s)) and is_recommended(u, hits[0].start(), hits[0].end())
+    return True
+
+
+def _wrong_number(m: Misconception, hit: re.Match[str]) -> bool:
+    assert m.number is not None
+    text = next((g for g in hit.groups() if g), None) if hit.groups() else hit.group(0)
+    num = _NUMBER.search(text or "")
+    if num is None:
+        return False
+    expect, tol = m.number
+    return not math.isclose(abs(float(num.group(0))), abs(expect), rel_tol=tol)
+
+
+def find_misconceptions(card: dict[str, Any], units: list[Unit],
+                        action_terms: list[str] | None = None) -> list[Finding]:
+    """Misconceptions the answer asserts, in the order of the card. ``action_terms`` are the
+    terms of every recommendation the skill knows (for ``first`` misconceptions: a wrong step
+    is only wrong when nothing else is recommended before it)."""
+    out: list[Finding] = []
+    items = misconceptions(card)
+    first_unit, first_pos = _first_action(units, items, action_terms or [])
+    for m in items:
+        for u in units:
+            if not _asserted_in(m, u):
+                continue
+            if m.first and not (_first_cue(u) or (
+                    u is first_unit and _anchor(m, u) <= first_pos)):
+                continue
+            out.append(Finding(m, u))
+            break
+    return out
+
+
+def _anchor(m: Misconception, u: Unit) -> int:
+    hit = m.match[0].search(u.norm)
+    return hit.start() if hit else 1 << 30
+
+
+def _first_cue(u: Unit) -> bool:
+    return bool(_FIRST_CUE.search(u.norm))
+
+
+def _first_action(units: list[Unit], items: tuple[Misconception, ...],
+                  terms: list[str]) -> tuple[Unit | None, int]:
+    """The first unit (late advice last) that recommends anything, and where in it the first
+    recommendation starts."""
+    from mbridge_perf.evals.checks import recommended
+
+    firsts = [m for m in items if m.first]
+    if not firsts:
+        return None, 0
+    for u in sorted(units, key=lambda u: (1 if u.late else 0, u.index)):
+        starts = [h.start() for m in firsts for h in m.match[0].finditer(u.norm)
+                  if is_recommended(u, h.start(), h.end())]
+        starts += [h.start for t in terms for h in recommended([u], t)]
+        if starts:
+            return u, min(starts)
+    return None, 0

@@ -1,7 +1,8 @@
 """The step-time model's few calibrated parameters (data/calibration.json, written by
 scripts/fit_steptime.py from ../shared/data/steptime only).
 
-Per GPU generation (``ampere``, ``hopper``, ``blackwell``; ``rubin`` borrows Blackwell's): GEMM
+Per GPU generation (``ampere``, ``hopper``, ``blackwell``, ``blackwell_ultra`` = B300/GB300;
+``rubin`` borrows Blackwell's): GEMM
 efficiency as a fraction of the dense peak for BF16, FP8 and FP4. Shared by all generations:
 the grouped-GEMM (MoE experts) factor on that efficiency, the exposed share of EP all-to-all,
 a fixed host/launch overhead per layer and micro-batch, and the fixed seeds the fit does not
@@ -38,6 +39,8 @@ class Calibration(BaseModel):
     """MoE expert (grouped) GEMM efficiency relative to a dense GEMM of the same precision."""
     attn_eff: float = Field(0.55, gt=0, le=1)
     """Flash/cuDNN attention core efficiency of the BF16 peak (seed: FA3 ~0.75 fwd, lower bwd)."""
+    ssm_eff: float = Field(0.1, gt=0, le=1)
+    """Mamba-2 SSD / GatedDeltaNet chunked-scan efficiency of the BF16 peak."""
     ep_exposed: float = Field(ge=0, le=1)
     """Share of EP all-to-all time not hidden (without overlap_moe_expert_parallel_comm)."""
     ep_overlap_flag_factor: float = Field(0.6, ge=0, le=1)
@@ -75,6 +78,7 @@ SEED = Calibration(
         "ampere": GenParams(gemm_eff_bf16=0.72, gemm_eff_fp8=0.72, gemm_eff_fp4=0.72),
         "hopper": GenParams(gemm_eff_bf16=0.7, gemm_eff_fp8=0.55, gemm_eff_fp4=0.55),
         "blackwell": GenParams(gemm_eff_bf16=0.6, gemm_eff_fp8=0.5, gemm_eff_fp4=0.35),
+        "blackwell_ultra": GenParams(gemm_eff_bf16=0.6, gemm_eff_fp8=0.5, gemm_eff_fp4=0.35),
     },
     grouped_gemm_factor=0.6, ep_exposed=0.8, layer_overhead_us=100.0,
     source="seed values, step-time-model.md §7",

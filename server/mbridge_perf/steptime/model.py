@@ -22,9 +22,15 @@ from pydantic import BaseModel, ConfigDict
 from mbridge_perf.config.derived import Derived, derive
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.gpus import GPUSpec, lookup_gpu
-from mbridge_perf.config.layers import layer_kinds
+from mbridge_perf.config.layers import layer_kinds, opt_field, opt_int
 from mbridge_perf.config.model import ModelSection, TrainingConfig
-from mbridge_perf.memory.params import count_params, layer_params, mtp_layers, vocab_rows
+from mbridge_perf.memory.params import (
+    _mamba_dims,
+    count_params,
+    layer_params,
+    mtp_layers,
+    vocab_rows,
+)
 from mbridge_perf.memory.state import shape_key
 from mbridge_perf.steptime.calibration import Calibration, load_calibration
 
@@ -68,6 +74,7 @@ class LayerWork:
 
     attn_linear: float  # token mixer projections (attention / MLA / Mamba / GDN)
     attn_core: float  # QK^T and PV, causal-halved
+    ssm_core: float  # Mamba-2 SSD / GatedDeltaNet chunked scan
     dense_mlp: float  # dense MLP and shared experts
     experts: float  # routed experts, top-k active
     moe: bool
@@ -110,6 +117,23 @@ def _core(m: ModelSection, mixer: str, seq: int) -> float:
     return 3.0 * heads * seq * (d_qk + d_v)
 
 
+SSM_CHUNK = 128  # Megatron-Core mamba chunk size (SSD); GDN uses 64
+
+
+def _ssm(m: ModelSection, mixer: str) -> float:
+    """Chunked-scan FLOPs per token, fwd+bwd: intra-chunk (Q per element) plus the state
+    update and read-out (2 x state per element), 2 FLOP per multiply-add, x3."""
+    h = m.hidden_size or 0
+    if mixer == "mamba":
+        state, _, _, d_inner = _mamba_dims(m, h)
+        return 3.0 * 2 * d_inner * (SSM_CHUNK + 2 * state)
+    if mixer == "gdn":
+        d_k = opt_int(m, "linear_key_head_dim", 128)
+        v = opt_int(m, "linear_num_value_heads", 32) * opt_int(m, "linear_value_head_dim", 128)
+        return 3.0 * 2 * v * (64 + 2 * d_k)
+    return 0.0
+
+
 def _build_work(m: ModelSection, seq: int) -> ModelWork:
     kinds = layer_kinds(m)
     cache: dict[tuple[str, str], LayerWork] = {}
@@ -119,7 +143,7 @@ def _build_work(m: ModelSection, seq: int) -> ModelWork:
         if lw is None:
             lp = layer_params(m, i)
             lw = LayerWork(attn_linear=6.0 * lp.attention,
-                           attn_core=_core(m, k.mixer, seq),
+                           attn_core=_core(m, k.mixer, seq), ssm_core=_ssm(m, k.mixer),
                            dense_mlp=6.0 * (lp.dense_mlp + lp.shared_experts + lp.router),
                            experts=6.0 * lp.routed_per_expert * lp.topk,
                            moe=k.mlp == "moe", attention=k.mixer in ("attention", "mla"))
@@ -132,7 +156,7 @@ def _build_work(m: ModelSection, seq: int) -> ModelWork:
     last = layers[-1] if layers else None
     mtp = 0.0
     if n_mtp and last is not None:
-        per = last.attn_linear + last.attn_core + last.dense_mlp + last.experts
+        per = last.attn_linear + last.attn_core + last.ssm_core + last.dense_mlp + last.experts
         mtp = n_mtp * (per + 6.0 * 2 * h * h)
     heads = m.num_attention_heads or 1
     groups = m.num_query_groups or heads
@@ -166,6 +190,13 @@ def _peak(gpu: GPUSpec, prec: str) -> float:
     return bf16 * 1e12
 
 
+def generation(gpu: GPUSpec) -> str:
+    """Calibration key: the architecture, Blackwell Ultra (B300, GB300) apart."""
+    if gpu.family in ("b300", "gb300"):
+        return "blackwell_ultra"
+    return gpu.architecture
+
+
 def _bw(gpu: GPUSpec, span: int, cal: Calibration) -> float:
     """Bus bandwidth (bytes/s) of a group spanning ``span`` consecutive ranks."""
     if span <= gpu.nvlink_domain and gpu.nvlink_gb_s:
@@ -191,27 +222,63 @@ def _stage_layers(d: Derived, n: int) -> list[list[int]]:
     return out
 
 
-def _recompute_share(d: Derived, lw: LayerWork, layers_in_chunk: int) -> tuple[float, float,
-                                                                               float, float]:
-    """Extra forward fractions (attn_linear, core, dense_mlp, experts) recompute adds."""
+_KINDS: dict[tuple[int, tuple[tuple[int, ...], ...]], list[list[tuple[LayerWork, int]]]] = {}
+
+
+def _stage_kinds(work: ModelWork, stages: list[list[int]]) -> list[list[tuple[LayerWork, int]]]:
+    """(layer work, count) per stage, cached per model work and split."""
+    key = (id(work), tuple(tuple(s) for s in stages))
+    hit = _KINDS.get(key)
+    if hit is None:
+        if len(_KINDS) > 1024:
+            _KINDS.clear()
+        hit = []
+        for idx in stages:
+            counts: dict[LayerWork, int] = {}
+            for i in idx:
+                counts[work.layers[i]] = counts.get(work.layers[i], 0) + 1
+            hit.append(list(counts.items()))
+        _KINDS[key] = hit
+    return hit
+
+
+def _recompute_share(d: Derived, lw: LayerWork, layers_in_chunk: int
+                     ) -> tuple[float, float, float, float, float]:
+    """Extra forward fractions (attn_linear, core, dense_mlp, experts, memory-bound ops)
+    recompute adds."""
     r = d.recompute
     if r.granularity == "full":
         n = r.num_layers or layers_in_chunk
         f = min(1.0, n / max(1, layers_in_chunk)) if r.method == "block" else 1.0
-        return f, f, f, f
+        return f, f, f, f, f
     mods = set(r.selective)
+    # elementwise work: norms about half of a layer's memory-bound bytes, activations the rest
+    mem = 0.5 * ("layernorm" in mods) + 0.5 * ("moe_act" in mods and lw.moe) + \
+        0.5 * ("mlp" in mods)
     a = 1.0 if "mla_up_proj" in mods else 0.0
     core = 1.0 if "core_attn" in mods else 0.0
     mlp = 1.0 if "mlp" in mods else 0.0
     exp = 1.0 if ("moe" in mods or (mlp and lw.moe)) else 0.0
     if "shared_experts" in mods and lw.moe:
         mlp = max(mlp, 1.0)
-    return a * 0.5, core, mlp, exp
+    return a * 0.5, core, mlp, exp, min(1.0, mem)
 
 
 def estimate_step_time(cfg: TrainingConfig | Derived, *, gpu: str | GPUSpec | None = None,
                        calibration: Calibration | None = None) -> StepTimeReport:
-    """Predicted time of one global-batch iteration of ``cfg`` on its layout and GPU."""
+    """Predicted time of one global-batch iteration of ``cfg`` on its layout and GPU, with its
+    breakdown (ConfigError when the layout, batch or GPU do not determine one)."""
+    return _estimate(cfg, gpu, calibration, report=True)  # type: ignore[return-value]
+
+
+def predict_step_time_s(cfg: TrainingConfig | Derived, *, gpu: str | GPUSpec | None = None,
+                        calibration: Calibration | None = None) -> float:
+    """The step time alone (the calibration fit and rankers call it many times)."""
+    return _estimate(cfg, gpu, calibration, report=False)  # type: ignore[return-value]
+
+
+def _estimate(cfg: TrainingConfig | Derived, gpu: str | GPUSpec | None,
+              calibration: Calibration | None, *, report: bool) -> StepTimeReport | float:
     d = cfg if isinstance(cfg, Derived) else derive(cfg)
     cal = calibration or load_calibration()
     spec = gpu if isinstance(gpu, GPUSpec) else (lookup_gpu(gpu) if gpu else d.gpu)
@@ -232,11 +299,12 @@ def estimate_step_time(cfg: TrainingConfig | Derived, *, gpu: str | GPUSpec | No
     prec = _precision(d)
     peak = _peak(spec, prec)
     peak_bf16 = spec.bf16_dense_tflops * 1e12  # type: ignore[operator]
-    g = cal.gen(spec.architecture)
+    g = cal.gen(generation(spec))
     eff = {"bf16": g.gemm_eff_bf16, "fp8": g.gemm_eff_fp8, "fp4": g.gemm_eff_fp4}[prec]
     gemm_rate = peak * eff
     group_rate = gemm_rate * cal.grouped_gemm_factor
     attn_rate = peak_bf16 * cal.attn_eff
+    ssm_rate = peak_bf16 * cal.ssm_eff
     hbm = (spec.hbm_tb_s or 3.0) * 1e12 * cal.hbm_eff
     tok = mbs * seq / (tp * cp)  # tokens per GPU per micro-batch (dense compute share)
     tok_cp = mbs * seq / cp  # tokens of the CP rank (TP group shares them)
@@ -246,37 +314,40 @@ def estimate_step_time(cfg: TrainingConfig | Derived, *, gpu: str | GPUSpec | No
     cp_bw = _bw(spec, tp * cp, cal)
     ep_bw = _bw(spec, ep * etp, cal)
     pp_bw = _bw(spec, world, cal)
-    ep_exp = cal.ep_exposed * (cal.ep_overlap_flag_factor
-                               if m.overlap_moe_expert_parallel_comm else 1.0)
+    ep_overlap = bool(d.cfg.overlap.overlap_moe_expert_parallel_comm
+                      or opt_field(m, "overlap_moe_expert_parallel_comm", False))
+    ep_exp = cal.ep_exposed * (cal.ep_overlap_flag_factor if ep_overlap else 1.0)
     overhead = cal.layer_overhead_us * 1e-6 * (cal.graph_overhead_factor if d.graphs.on
                                                else 1.0)
     stages = _stage_layers(d, len(work.layers))
     chunk_len = max(1, max(max(c) for c in d.layers_per_chunk or [[1]]))
 
     best: tuple[float, dict[str, float]] | None = None
-    for s, idx in enumerate(stages):
+    stage_kinds = _stage_kinds(work, stages)
+    for s, kinds in enumerate(stage_kinds):
         terms = dict.fromkeys(("compute", "memory", "recompute", "tp", "cp", "ep", "pp",
                                "other"), 0.0)
-        for i in idx:
-            lw = work.layers[i]
+        for lw, n in kinds:
             t_lin = tok * (lw.attn_linear + lw.dense_mlp) / gemm_rate
             t_core = tok * lw.attn_core / attn_rate
             t_exp = tok * lw.experts / group_rate
-            terms["compute"] += t_lin + t_core + t_exp
-            terms["memory"] += tok * h * MEM_BYTES_PER_TOKEN_H * (3 if lw.moe else 1) / hbm
-            fa, fc, fm, fe = _recompute_share(d, lw, chunk_len)
-            terms["recompute"] += (fa * tok * lw.attn_linear / gemm_rate + fc * t_core
-                                   + fm * tok * lw.dense_mlp / gemm_rate + fe * t_exp) / 3.0
+            terms["compute"] += n * (t_lin + t_core + t_exp + tok * lw.ssm_core / ssm_rate)
+            t_mem = tok * h * MEM_BYTES_PER_TOKEN_H * (3 if lw.moe else 1) / hbm
+            terms["memory"] += n * t_mem
+            fa, fc, fm, fe, fmem = _recompute_share(d, lw, chunk_len)
+            terms["recompute"] += n * (fa * tok * lw.attn_linear / gemm_rate + fc * t_core
+                                       + fm * tok * lw.dense_mlp / gemm_rate + fe * t_exp
+                                       + fmem * t_mem) / 3.0
             if tp > 1:
                 n_coll = (4 if lw.attention or lw.attn_linear else 0) + 4
-                terms["tp"] += n_coll * (tp - 1) / tp * act / tp_bw * cal.tp_exposed
+                terms["tp"] += n * n_coll * (tp - 1) / tp * act / tp_bw * cal.tp_exposed
             if cp > 1 and lw.attention:
                 kv = tok_cp * work.kv_dim * ACT_BYTES / tp
-                terms["cp"] += 3 * (cp - 1) * kv / cp_bw * cal.cp_exposed
+                terms["cp"] += n * 3 * (cp - 1) * kv / cp_bw * cal.cp_exposed
             if lw.moe and ep > 1:
                 vol = 4 * (tok_cp / tp) * m.moe_router_topk * h * ACT_BYTES * (ep - 1) / ep
-                terms["ep"] += vol / ep_bw * ep_exp
-            terms["other"] += overhead
+                terms["ep"] += n * vol / ep_bw * ep_exp
+            terms["other"] += n * overhead
         if s == pp - 1:
             terms["compute"] += tok * (work.logits + work.mtp) / gemm_rate
         if pp > 1:
@@ -313,8 +384,10 @@ def estimate_step_time(cfg: TrainingConfig | Derived, *, gpu: str | GPUSpec | No
 
     bubble = (pp - 1) / vpp * t_stage
     step = mb * t_stage + bubble + dp_exp + t_opt
+    if not report:
+        return step
     tokens = t.global_batch_size * seq
-    per_token = sum(lw.attn_linear + lw.attn_core + lw.dense_mlp + lw.experts
+    per_token = sum(lw.attn_linear + lw.attn_core + lw.ssm_core + lw.dense_mlp + lw.experts
                     for lw in work.layers) + work.logits + work.mtp
     flops = per_token * tokens
     tflops = flops / step / world / 1e12
@@ -346,7 +419,7 @@ def estimate_step_time(cfg: TrainingConfig | Derived, *, gpu: str | GPUSpec | No
         f"precision {prec}: peak {peak / 1e12:.0f} TFLOP/s, GEMM efficiency {eff:.3f} "
         f"({spec.architecture})",
         "balanced MoE routing (as Bridge's benchmarks force); attention core causal-halved",
-        "Mamba/GDN mixers priced as their projections only",
+        "Mamba-2 / GatedDeltaNet scans as chunked-scan FLOPs at the BF16 peak x ssm_eff",
         f"calibration: {cal.source or 'seed'}",
     ]
     return StepTimeReport(

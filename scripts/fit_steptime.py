@@ -1,0 +1,259 @@
+"""Fit the step-time model's few parameters on Megatron Bridge's published throughput tables.
+
+Data (only): ../shared/data/steptime/bridge_perf_summary.csv rows with a recipe dump whose
+layout is the table's (``dump_layout_matches = yes``), a precision, not LoRA, the newest release
+per (model, GPU, GPU count, precision); the dump from ../shared/data/bridge-recipes/yaml/.
+Measured step time = GBS x seq / (tokens/s/GPU x GPUs).
+
+Method: coordinate search over multiplicative steps (no scipy) minimising
+median |log(pred/measured)| + 0.25 x mean |log error| (the mean term only breaks the median's
+flat steps). Out-of-sample figures: k-fold by model family (fit on the other families, predict
+the held-out one); ``band_frac`` = p80 of those out-of-sample |relative errors|.
+
+    python scripts/fit_steptime.py          # writes steptime/data/calibration.json
+    python scripts/fit_steptime.py --check    # recomputes and compares with the shipped file
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from mbridge_perf.config.derived import Derived, derive
+from mbridge_perf.config.gpus import GPUSpec, lookup_gpu
+from mbridge_perf.config.load import load_config
+from mbridge_perf.steptime.calibration import CALIBRATION_FILE, SEED, Calibration, GenParams
+from mbridge_perf.steptime.model import generation, predict_step_time_s
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data"
+if not SHARED.exists():
+    SHARED = Path("/work/shared/data")
+
+# (path, seed) of every fitted parameter; generation fields as "gen.<arch>.<field>"
+FITTED = ("gen.hopper.gemm_eff_fp8", "gen.blackwell.gemm_eff_fp8", "gen.blackwell.gemm_eff_fp4",
+          "gen.blackwell_ultra.gemm_eff_fp8", "gen.blackwell_ultra.gemm_eff_fp4",
+          "grouped_gemm_factor", "ssm_eff", "ep_exposed", "tp_exposed", "cp_exposed",
+          "layer_overhead_us")
+BOUNDS = {"grouped_gemm_factor": (0.1, 1.5), "ep_exposed": (0.0, 1.0), "ssm_eff": (0.002, 1.0),
+          "tp_exposed": (0.0, 1.0), "cp_exposed": (0.0, 1.0),
+          "layer_overhead_us": (0.0, 5000.0)}
+
+
+@dataclass
+class Row:
+    recipe: str
+    release: str
+    model: str
+    family: str
+    gpu: str
+    num_gpus: int
+    precision: str
+    measured_s: float
+    derived: Derived
+    spec: GPUSpec
+
+
+def family(recipe: str) -> str:
+    for key in ("llama", "qwen", "nemotron", "deepseek", "gpt_oss", "kimi"):
+        if recipe.startswith(key):
+            return key
+    return recipe.split("_")[0]
+
+
+def _release_key(release: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in release.split(".") if x.isdigit())
+
+
+def bridge_rows(data: Path = SHARED) -> tuple[list[Row], dict[str, int]]:
+    """The scored Bridge rows, and why the others were left out (counts)."""
+    skipped: dict[str, int] = {}
+
+    def skip(why: str) -> None:
+        skipped[why] = skipped.get(why, 0) + 1
+
+    newest: dict[tuple[str, str, str, str], dict[str, str]] = {}
+    with (data / "steptime" / "bridge_perf_summary.csv").open(encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            if not r["recipe_dump"]:
+                skip("no recipe dump (architecture unknown)")
+            elif r["dump_layout_matches"] != "yes":
+                skip("dump layout differs from the table's")
+            elif not r["precision"]:
+                skip("no precision")
+            elif r["task"] == "lora":
+                skip("LoRA (frozen weights: not modelled)")
+            else:
+                key = (r["model"], r["gpu"], r["num_gpus"], r["precision"])
+                old = newest.get(key)
+                if old is None or _release_key(r["release"]) > _release_key(old["release"]):
+                    if old is not None:
+                        skip("older release of the same (model, GPU, GPUs, precision)")
+                    newest[key] = r
+                else:
+                    skip("older release of the same (model, GPU, GPUs, precision)")
+    rows = []
+    for r in newest.values():
+        path = data / "bridge-recipes" / "yaml" / f"{r['recipe_dump']}.yaml"
+        cfg = load_config(file=path, overrides=[f"cluster.num_gpus={r['num_gpus']}"])
+        n = int(r["num_gpus"])
+        measured = int(r["gbs"]) * int(r["seq_len"]) / (float(r["tokens_per_s_per_gpu"]) * n)
+        rows.append(Row(recipe=r["recipe_dump"], release=r["release"], model=r["model"],
+                        family=family(r["recipe_dump"]), gpu=r["gpu"], num_gpus=n,
+                        precision=r["precision"], measured_s=measured, derived=derive(cfg),
+                        spec=lookup_gpu(r["gpu"])))
+    rows.sort(key=lambda x: (x.family, x.recipe))
+    return rows, skipped
+
+
+def get(cal: Calibration, name: str) -> float:
+    if name.startswith("gen."):
+        _, arch, fld = name.split(".")
+        return float(getattr(cal.generations[arch], fld))
+    return float(getattr(cal, name))
+
+
+def put(cal: Calibration, name: str, value: float) -> Calibration:
+    if name.startswith("gen."):
+        _, arch, fld = name.split(".")
+        gens = dict(cal.generations)
+        gens[arch] = GenParams(**(gens[arch].model_dump() | {fld: value}))
+        return cal.model_copy(update={"generations": gens})
+    return cal.model_copy(update={name: value})
+
+
+def log_errors(cal: Calibration, rows: list[Row]) -> list[float]:
+    return [math.log(predict_step_time_s(r.derived, gpu=r.spec, calibration=cal)
+                     / r.measured_s) for r in rows]
+
+
+def objective(cal: Calibration, rows: list[Row]) -> float:
+    errs = [abs(e) for e in log_errors(cal, rows)]
+    return statistics.median(errs) + 0.25 * statistics.fmean(errs)
+
+
+def _relevant(name: str, rows: list[Row]) -> bool:
+    """A parameter no training row exercises keeps its seed."""
+    if name.startswith("gen."):
+        _, arch, fld = name.split(".")
+        prec = fld.rsplit("_", 1)[1]
+        return any(generation(lookup_gpu(r.gpu)) == arch and _prec(r) == prec for r in rows)
+    if name in ("grouped_gemm_factor", "ep_exposed"):
+        return any(r.derived.is_moe for r in rows)
+    if name == "tp_exposed":
+        return any(r.derived.tp > 1 for r in rows)
+    if name == "cp_exposed":
+        return any(r.derived.cp > 1 for r in rows)
+    if name == "ssm_eff":
+        return any(k.mixer in ("mamba", "gdn") for r in rows for k in r.derived.layer_kinds)
+    return True
+
+
+def _prec(r: Row) -> str:
+    p = r.derived.precision
+    return "fp4" if p.fp4 else "fp8" if p.fp8 else "bf16"
+
+
+def fit(rows: list[Row], start: Calibration = SEED) -> Calibration:
+    cal = start
+    best = objective(cal, rows)
+    names = [n for n in FITTED if _relevant(n, rows)]
+    for step in (0.4, 0.15, 0.05, 0.02):
+        improved = True
+        while improved:
+            improved = False
+            for name in names:
+                x = get(cal, name)
+                lo, hi = BOUNDS.get(name, (0.05, 1.0))
+                for k in (-3, -2, -1, 1, 2, 3):
+                    y = x * (1 + step) ** k if x > 0 else step * 100 * max(k, 0)
+                    y = round(min(hi, max(lo, y)), 4)
+                    if y == x or (name.startswith("gen.") and y <= 0):
+                        continue
+                    trial = put(cal, name, y)
+                    val = objective(trial, rows)
+                    if val < best - 1e-12:
+                        cal, best, x, improved = trial, val, y, True
+    return cal
+
+
+def cross_validate(rows: list[Row]) -> dict[str, float]:
+    """recipe -> out-of-sample relative error of step time (fit on the other families)."""
+    out: dict[str, float] = {}
+    for fam in sorted({r.family for r in rows}):
+        train = [r for r in rows if r.family != fam]
+        cal = fit(train)
+        for r in rows:
+            if r.family == fam:
+                pred = predict_step_time_s(r.derived, gpu=r.spec, calibration=cal)
+                out[r.recipe] = pred / r.measured_s - 1
+    return out
+
+
+def quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    i = q * (len(s) - 1)
+    lo = math.floor(i)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (i - lo)
+
+
+def build(data: Path = SHARED, band: float | None = None) -> dict[str, object]:
+    """The calibration file's content; ``band`` given: the k-fold (slow part) is skipped and
+    that band kept."""
+    rows, _ = bridge_rows(data)
+    if band is None:
+        oos = cross_validate(rows)
+        band = round(quantile([abs(e) for e in oos.values()], 0.8), 4)
+    cal = fit(rows)
+    cal = cal.model_copy(update={
+        "band_frac": band,
+        "fitted": [n for n in FITTED if _relevant(n, rows)],
+        "rows": [{"recipe_dump": r.recipe, "release": r.release, "gpu": r.gpu,
+                  "num_gpus": str(r.num_gpus), "precision": r.precision} for r in rows],
+        "source": "scripts/fit_steptime.py on ../shared/data/steptime/bridge_perf_summary.csv "
+                  f"({len(rows)} rows, dump_layout_matches=yes, newest release per model/GPU/"
+                  "GPUs/precision); unfitted values are seeds from step-time-model.md §7",
+    })
+    return json.loads(cal.model_dump_json())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--data", type=Path, default=SHARED)
+    parser.add_argument("--out", type=Path, default=CALIBRATION_FILE)
+    parser.add_argument("--check", action="store_true",
+                        help="compare with the file at --out instead of writing it (the "
+                             "k-fold band is taken from the file unless --full)")
+    parser.add_argument("--full", action="store_true", help="with --check: redo the k-fold")
+    args = parser.parse_args(argv)
+    band = None
+    if args.check and not args.full and args.out.exists():
+        band = json.loads(args.out.read_text("utf-8")).get("band_frac")
+    new = build(args.data, band)
+    text = json.dumps(new, indent=1, sort_keys=True) + "\n"
+    if args.check:
+        old = args.out.read_text("utf-8") if args.out.exists() else ""
+        if old != text:
+            print(f"{args.out} differs from a fresh fit; rerun scripts/fit_steptime.py",
+                  file=sys.stderr)
+            return 1
+        print(f"{args.out} reproduces")
+        return 0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text, "utf-8")
+    print(f"wrote {args.out}: " + ", ".join(f"{n}={get(Calibration(**new), n)}"
+                                             for n in new["fitted"]))  # type: ignore[union-attr]
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""The step-time model's terms against hand-computed cases, and the report's invariants."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mbridge_perf.config.gpus import lookup_gpu
+from mbridge_perf.config.load import load_config
+from mbridge_perf.steptime import Calibration, GenParams, estimate_step_time, load_calibration
+from mbridge_perf.steptime.calibration import SEED
+from mbridge_perf.steptime.model import ACT_BYTES, _bw
+
+H = 4096
+FFN = 16384
+SEQ = 2048
+
+
+def plain(**over: object) -> Calibration:
+    """Every overhead off: time is compute (and what the test turns on) only."""
+    gens = {g: GenParams(gemm_eff_bf16=0.5, gemm_eff_fp8=0.4, gemm_eff_fp4=0.3)
+            for g in ("ampere", "hopper", "blackwell", "blackwell_ultra")}
+    base = dict(generations=gens, grouped_gemm_factor=1.0, attn_eff=0.5, ep_exposed=0.0,
+                layer_overhead_us=0.0, tp_exposed=0.0, cp_exposed=0.0, pp_exposed=0.0,
+                dp_exposed=0.0, hbm_eff=1.0)
+    return Calibration(**(base | over))
+
+
+def gpt(*, tp: int = 1, pp: int = 1, vp: int | None = None, layers: int = 1, gpus: int = 1,
+        gbs: int = 1, heads: int = 32, prec: str = "bf16_mixed", **model: object):
+    m = {"num_layers": layers, "hidden_size": H, "ffn_hidden_size": FFN,
+         "num_attention_heads": heads, "seq_length": SEQ, "vocab_size": 128,
+         "make_vocab_size_divisible_by": 128, "tensor_model_parallel_size": tp,
+         "pipeline_model_parallel_size": pp, "sequence_parallel": tp > 1,
+         "share_embeddings_and_output_weights": True, "add_bias_linear": False} | model
+    if vp:
+        m["virtual_pipeline_model_parallel_size"] = vp
+    return load_config(data={"model": m, "train": {"global_batch_size": gbs,
+                                                   "micro_batch_size": 1},
+                             "mixed_precision": prec,
+                             "optimizer": {"use_distributed_optimizer": False},
+                             "cluster": {"num_gpus": gpus, "gpu": "h100"}})
+
+
+def term(rep, name: str) -> float:
+    return next(t.seconds for t in rep.breakdown if t.name == name)
+
+
+def test_one_gemm_is_flops_over_peak_times_efficiency() -> None:
+    """The MLP of one layer is two GEMMs: 6 x params FLOPs per token (fwd, dgrad, wgrad)."""
+    cal = plain()
+    base = estimate_step_time(gpt(), calibration=cal)
+    wider = estimate_step_time(gpt(ffn_hidden_size=2 * FFN), calibration=cal)
+    extra_flops = 6 * (2 * H * FFN) * SEQ  # the added FFN columns: up + down projections
+    want = extra_flops / (989e12 * 0.5)
+    got = term(wider, "compute") - term(base, "compute")
+    assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_fp8_uses_the_fp8_peak_and_its_efficiency() -> None:
+    cal = plain()
+    bf16 = estimate_step_time(gpt(), calibration=cal)
+    fp8 = estimate_step_time(gpt(prec="bf16_with_fp8_current_scaling_mixed"), calibration=cal)
+    assert fp8.precision == "fp8"
+    ratio = (term(bf16, "compute") - term(fp8, "compute"))
+    assert ratio > 0  # linears at 1979 x 0.4 beat 989 x 0.5
+
+
+def test_ring_collective_is_2_n_minus_1_over_n_bytes_over_bandwidth() -> None:
+    """TP with SP: per layer 4 all-gathers and 4 reduce-scatters, each (n-1)/n x bytes / bw,
+    i.e. 4 ring all-reduces of 2(n-1)/n x bytes / bw."""
+    tp = 4
+    cal = plain(tp_exposed=1.0)
+    rep = estimate_step_time(gpt(tp=tp, gpus=tp), calibration=cal)
+    bw = 450e9 * cal.nvlink_eff
+    assert _bw(lookup_gpu("h100"), tp, cal) == pytest.approx(bw)
+    act = SEQ * H * ACT_BYTES
+    one_all_reduce = 2 * (tp - 1) / tp * act / bw
+    assert term(rep, "exposed comm: TP") == pytest.approx(4 * one_all_reduce, rel=1e-9)
+
+
+def test_past_the_nvlink_domain_the_network_is_used() -> None:
+    cal = plain()
+    spec = lookup_gpu("h100")
+    assert _bw(spec, 16, cal) == pytest.approx(50e9 * cal.network_eff)
+    assert _bw(lookup_gpu("gb200"), 16, cal) == pytest.approx(900e9 * cal.nvlink_eff)
+
+
+@pytest.mark.parametrize(("pp", "vp", "gbs"), [(4, None, 8), (4, None, 32), (4, 2, 8)])
+def test_pipeline_bubble(pp: int, vp: int | None, gbs: int) -> None:
+    """Bubble = (PP-1)/VPP stage times; its share of the pipeline is (p-1)/(v·m + p-1)."""
+    cal = plain()
+    rep = estimate_step_time(gpt(pp=pp, vp=vp, layers=8, gpus=pp, gbs=gbs), calibration=cal)
+    m, v = gbs, vp or 1
+    bubble = term(rep, "pipeline bubble")
+    pipeline = rep.step_time_s - term(rep, "optimizer") - term(rep, "exposed comm: DP/EDP")
+    assert bubble / pipeline == pytest.approx((pp - 1) / (v * m + pp - 1), rel=1e-9)
+
+
+def test_report_invariants() -> None:
+    cfg = load_config(preset="llama3-70b", overrides=[
+        "cluster.num_gpus=64", "cluster.gpu=h100", "model.tensor_model_parallel_size=4",
+        "model.pipeline_model_parallel_size=4", "train.global_batch_size=128",
+        "train.micro_batch_size=1"])
+    rep = estimate_step_time(cfg)
+    tokens = 128 * cfg.model.seq_length
+    assert rep.tokens_per_s_per_gpu * 64 * rep.step_time_s == pytest.approx(tokens, rel=1e-9)
+    assert sum(t.seconds for t in rep.breakdown) == pytest.approx(rep.step_time_s, rel=1e-9)
+    assert sum(t.share for t in rep.breakdown) == pytest.approx(1.0, rel=1e-9)
+    assert rep.model_tflops_per_gpu * 1e12 * rep.step_time_s * 64 == \
+        pytest.approx(rep.model_flops_per_step, rel=1e-9)
+    assert 0 < rep.mfu < 1
+    assert rep.band_s == pytest.approx(rep.step_time_s * load_calibration().band_frac)
+    # the model-FLOP convention: 70B dense ~ 6 x params per token plus attention
+    per_token = rep.model_flops_per_step / tokens
+    assert 6 * 69e9 < per_token < 6 * 69e9 * 1.3
+
+
+def test_recompute_costs_time_but_not_model_flops() -> None:
+    cal = plain()
+    none = estimate_step_time(gpt(layers=2), calibration=cal)
+    full = estimate_step_time(gpt(layers=2, recompute_granularity="full",
+                                  recompute_method="uniform", recompute_num_layers=1),
+                              calibration=cal)
+    assert full.model_flops_per_step == none.model_flops_per_step
+    assert term(full, "recompute") == pytest.approx(term(none, "compute") / 3, rel=0.02)
+    assert full.step_time_s > none.step_time_s
+
+
+def test_unknown_gpu_or_ragged_batch_is_a_config_error() -> None:
+    from mbridge_perf.config.errors import ConfigError
+    cfg = gpt()
+    with pytest.raises(ConfigError):
+        estimate_step_time(cfg.model_copy(update={"cluster": cfg.cluster.model_copy(
+            update={"gpu": None})}))
+    with pytest.raises(ConfigError):
+        estimate_step_time(gpt(gpus=2, gbs=3))
+
+
+def test_seed_and_shipped_calibration_load() -> None:
+    cal = load_calibration()
+    assert cal.generations.keys() >= {"hopper", "blackwell"}
+    assert SEED.gen("rubin") == SEED.generations["blackwell"]
+    assert math.isfinite(cal.band_frac)

@@ -11,7 +11,7 @@ from itertools import pairwise
 from typing import Any
 
 from mbridge_perf.evals.answer import Answer
-from mbridge_perf.evals.claims import find_misconceptions, misconceptions
+from mbridge_perf.evals.claims import arithmetic_errors, find_misconceptions, misconceptions
 from mbridge_perf.evals.jsonpath import PathError, query
 from mbridge_perf.evals.keys import invented_keys
 from mbridge_perf.evals.text import Match, Unit, clip, find
@@ -193,17 +193,18 @@ def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist", 
     return out
 
 
-def no_misconceptions(a: Answer, card: dict[str, Any] | None, terms: list[str]
-                      ) -> Expectation:
+def no_misconceptions(a: Answer, card: dict[str, Any] | None, terms: list[str], *,
+                      omissions: bool = True) -> Expectation:
     """The answer asserts none of the wrong claims / wrong first steps the card lists."""
     items = misconceptions(card or {})
     terms = terms + [t for i in (card or {}).get("answer_checklist", [])
                      if i.get("kind", "recommend") == "recommend" for t in i["match"]]
-    found = find_misconceptions(card or {}, a.units, terms)
-    text = "asserts none of the skill's misconceptions"
+    found: list[Any] = find_misconceptions(card or {}, a.units, terms, omissions=omissions)
+    found += arithmetic_errors(a.units)
+    text = "asserts none of the skill's misconceptions and no wrong arithmetic"
     if not found:
-        return Expectation(text, True, f"none of {len(items)} asserted", "misconceptions",
-                           critical=True)
+        return Expectation(text, True, f"none of {len(items)} misconceptions asserted; stated "
+                                       "arithmetic checks out", "misconceptions", critical=True)
     return Expectation(text, False, " | ".join(f.evidence for f in found[:3]),
                        "misconceptions", critical=True)
 

@@ -72,12 +72,29 @@ class Misconception:
 @dataclass(frozen=True)
 class Finding:
     misconception: Misconception
-    unit: Unit
+    unit: Unit | None      # None: an omission (nothing in the answer says it)
 
     @property
     def evidence(self) -> str:
         m = self.misconception
+        if self.unit is None:
+            return f"asserts '{m.claim}' by leaving it out — wrong: {m.wrong_because}"
         return f"asserts '{m.claim}' in: {clip(self.unit.text, 200)} — wrong: {m.wrong_because}"
+
+
+@dataclass(frozen=True)
+class Arithmetic:
+    """A calculation the answer states wrongly ("131072 / 4096 = 16")."""
+
+    expression: str
+    stated: float
+    actual: float
+    unit: Unit
+
+    @property
+    def evidence(self) -> str:
+        return (f"states {self.expression} = {self.stated:g}, it is {self.actual:g}, in: "
+                f"{clip(self.unit.text, 200)}")
 
 
 _CACHE: dict[str, tuple[Misconception, ...]] = {}
@@ -101,6 +118,11 @@ def misconceptions(card: dict[str, Any]) -> tuple[Misconception, ...]:
     if key not in _CACHE:
         _CACHE[key] = tuple(_one(e) for e in raw)
     return _CACHE[key]
+
+
+def _omitted(m: Misconception, units: list[Unit]) -> bool:
+    """An ``omission``: no unit says any of ``match`` (the step the answer skipped)."""
+    return not any(rx.search(u.norm) for u in units for rx in m.match)
 
 
 def _asserted_in(m: Misconception, u: Unit) -> bool:
@@ -133,14 +155,20 @@ def _wrong_number(m: Misconception, hit: re.Match[str]) -> bool:
 
 
 def find_misconceptions(card: dict[str, Any], units: list[Unit],
-                        action_terms: list[str] | None = None) -> list[Finding]:
+                        action_terms: list[str] | None = None, *,
+                        omissions: bool = True) -> list[Finding]:
     """Misconceptions the answer asserts, in the order of the card. ``action_terms`` are the
     terms of every recommendation the skill knows (for ``first`` misconceptions: a wrong step
-    is only wrong when nothing else is recommended before it)."""
+    is only wrong when nothing else is recommended before it). ``omissions``: also report the
+    steps a whole answer must not leave out (off for a case's narrower question)."""
     out: list[Finding] = []
     items = misconceptions(card)
     first_unit, first_pos = _first_action(units, items, action_terms or [])
     for m in items:
+        if m.kind == "omission":
+            if omissions and units and _omitted(m, units):
+                out.append(Finding(m, None))
+            continue
         for u in units:
             if not _asserted_in(m, u):
                 continue
@@ -177,3 +205,93 @@ def _first_action(units: list[Unit], items: tuple[Misconception, ...],
         if starts:
             return u, min(starts)
     return None, 0
+
+
+# ---------------------------------------------------------------- stated arithmetic
+
+_EXPR_CHARS = frozenset("0123456789.,k()×x*·/÷ ")
+_RESULT = re.compile(r"\s*(?:=|≈|->)\s*(\d[\d,]*(?:\.\d+)?k?)")
+_EXPR_REACH = 60
+
+
+def arithmetic_errors(units: list[Unit]) -> list[Arithmetic]:
+    """Products and quotients of plain numbers written with their result ("4 × 32 = 128",
+    "131072 / 4096 = 16"), recomputed; a result off by more than 2 % is an error. Each "="
+    looks back at most 60 characters, so the scan is linear in the answer."""
+    out: list[Arithmetic] = []
+    for u in units:
+        s = u.norm
+        for res in _RESULT.finditer(s):
+            k = res.start()
+            lo = k
+            while lo > 0 and k - lo < _EXPR_REACH and s[lo - 1] in _EXPR_CHARS:
+                lo -= 1
+            before = s[:lo].rstrip()[-3:]
+            if before.endswith(("%", "+", "-", "^", "mod")):
+                continue
+            expr = s[lo:k].strip(" ,.")
+            while expr and not (expr[0].isdigit() or expr[0] == "("):
+                expr = expr[1:].lstrip()
+            if not any(op in expr for op in "×*·/÷") and " x " not in expr:
+                continue
+            actual = _evaluate(expr)
+            stated = _number(res.group(1))
+            if actual is None or stated is None or actual == 0:
+                continue
+            if not math.isclose(actual, stated, rel_tol=0.02):
+                out.append(Arithmetic(expr, stated, round(actual, 4), u))
+    return out
+
+
+def _number(tok: str) -> float | None:
+    tok = tok.replace(",", "")
+    mult = 1024.0 if tok.endswith("k") else 1.0
+    try:
+        return float(tok.rstrip("k")) * mult
+    except ValueError:
+        return None
+
+
+_TOKEN = re.compile(r"\s*(?:(\d[\d,]*(?:\.\d+)?k?)|([×x*·/÷()]))")
+
+
+def _evaluate(expr: str) -> float | None:
+    """A product / quotient of numbers with parentheses; None when it is anything else."""
+    toks: list[str] = []
+    pos = 0
+    while pos < len(expr):
+        m = _TOKEN.match(expr, pos)
+        if m is None:
+            if expr[pos:].strip():
+                return None
+            break
+        toks.append(m.group(1) or m.group(2))
+        pos = m.end()
+    try:
+        val, rest = _product(toks, 0, 0)
+    except (ZeroDivisionError, IndexError, ValueError):
+        return None
+    return val if rest == len(toks) else None
+
+
+def _product(toks: list[str], i: int, depth: int) -> tuple[float, int]:
+    if depth > 8:
+        raise ValueError("too deep")
+    val, i = _factor(toks, i, depth)
+    while i < len(toks) and toks[i] in "×x*·/÷":
+        op = toks[i]
+        rhs, i = _factor(toks, i + 1, depth)
+        val = val / rhs if op in "/÷" else val * rhs
+    return val, i
+
+
+def _factor(toks: list[str], i: int, depth: int) -> tuple[float, int]:
+    if toks[i] == "(":
+        val, i = _product(toks, i + 1, depth + 1)
+        if toks[i] != ")":
+            raise ValueError("unbalanced")
+        return val, i + 1
+    num = _number(toks[i])
+    if num is None:
+        raise ValueError("not a number")
+    return num, i + 1

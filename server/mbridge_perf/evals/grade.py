@@ -81,7 +81,7 @@ def _case_expectations(case: dict[str, Any], card: dict[str, Any] | None, answer
         out += ck.tool_calls(answer, c["tool_calls"])
     out += ck.checklist(answer, items)
     if case.get("expected_skill") is not None and (card or {}).get("misconceptions"):
-        out.append(ck.no_misconceptions(answer, card, _vocab(c, items)))
+        out.append(ck.no_misconceptions(answer, card, _vocab(c, items), omissions=False))
     if c.get("valid_keys_only"):
         out.append(ck.valid_keys(answer))
     return out

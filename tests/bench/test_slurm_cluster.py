@@ -14,6 +14,7 @@ other test runs while it waits.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import re
@@ -434,6 +435,33 @@ def test_server_restart_picks_up_the_run(reg: Registry, slurm: dict[str, Any],
     run = wait_run(fresh, run_id, timeout_s=180, poll_s=0.5)
     assert (run.state, run.external_id) == ("completed", job_id), explain(run)
     assert sorted(iterations(Path(run.log_path or "").read_text())) == [1, 2, 3, 4, 5]
+
+
+def test_env_cannot_move_the_rendezvous(reg: Registry, slurm: dict[str, Any]) -> None:
+    """Issue 23: `env.SLURM_JOB_NODELIST=attacker.example.com env.SLURM_JOB_NUM_NODES=2` once
+    rendered `--rdzv-endpoint=attacker.example.com:29500` on this cluster. A config's env is
+    refused before anything reaches Slurm; the same names in the user's own profile env are
+    exported only after the job read Slurm's values, so torchrun meets where Slurm says."""
+    ex = SlurmExecutor(slurm_conf=slurm["SLURM_CONF"])
+    echo = [sys.executable, "-c",
+            "import json, sys; print('ECHO ' + json.dumps(sys.argv[1:]), flush=True)"]
+    attack = ["env.SLURM_JOB_NODELIST=attacker.example.com", "env.SLURM_JOB_NUM_NODES=2"]
+    for overrides in (attack, ["env.SLURM_TASK_PROLOG=/tmp/x.sh"], ["env.SLURM_PROLOG=/x"],
+                      ["env.SLURM_EPILOG=/x"], ["env.SLURM_TASK_EPILOG=/x"]):
+        with pytest.raises(ValueError, match=r"env\.SLURM_\w+: .*only the launcher"):
+            submit_run(reg, load_config(data=DP2, overrides=overrides),
+                       cpu_profile(reg, torchrun=echo), steps=1, executor=ex)
+    assert all(r.external_id is None for r in reg.list(limit=1000)
+               if r.state == "failed" and "rendered" in r.message)
+    prof = cpu_profile(reg, torchrun=echo, env={"SLURM_JOB_NODELIST": "attacker.example.com",
+                                                "SLURM_JOB_NUM_NODES": "2"})
+    run = wait(reg, {"executor": ex}, submit_run(reg, load_config(data=DP2), prof, steps=1,
+                                                 executor=ex), timeout_s=120)
+    log = Path(run.log_path or "").read_text()
+    assert run.state == "completed", explain(run)
+    argv = json.loads(next(line for line in log.splitlines() if line.startswith("ECHO "))[5:])
+    assert argv[0] == "--standalone", argv  # one node: the real allocation, not the profile's
+    assert "attacker" not in " ".join(argv)
 
 
 def test_time_limit_hit(timeout_run: RunRecord, reg: Registry,

@@ -278,6 +278,7 @@ def _preamble(profile: ClusterProfile, *, run_id: str, log_path: str, steps: int
         "trap _mbp_exit EXIT",
         'echo "mbridge-perf: run $MBRIDGE_PERF_RUN_ID on $(hostname) at '
         '$(date -u +%Y-%m-%dT%H:%M:%SZ) (Slurm job ${SLURM_JOB_ID:-none})"',
+        *_slurm_view(),
         "",
         "# environment: the skills' defaults, then the config's env, then the profile's env",
     ]
@@ -301,20 +302,37 @@ def _srun_words(profile: ClusterProfile) -> list[str]:
     return srun
 
 
+def _slurm_view() -> list[str]:
+    """Slurm's own view of the job (id, node count, node list), captured BEFORE any environment
+    is exported: nothing the job's environment sets — a config may not set Slurm's names at
+    all, a profile's env is the user's own — can move the rendezvous endpoint or change the
+    node count srun is given."""
+    return [
+        "",
+        "# Slurm's view of the job, captured before any environment below is exported",
+        'mbp_slurm_job_id="${SLURM_JOB_ID:-}"',
+        'mbp_slurm_nnodes="${SLURM_JOB_NUM_NODES:-1}"',
+        'mbp_slurm_nodelist="${SLURM_JOB_NODELIST:-}"',
+    ]
+
+
 def _launch_block(profile: ClusterProfile, nodes: int) -> list[str]:
-    """The launcher prefix and rendezvous: srun plus multi-node c10d under Slurm; under plain
-    bash a standalone torchrun, or a refusal when the run needs a container or several nodes."""
+    """The launcher prefix and rendezvous from the captured Slurm view: srun plus multi-node
+    c10d under Slurm; under plain bash a standalone torchrun, or a refusal when the run needs a
+    container or several nodes."""
     body = [
         "",
         "# launch: torchrun per node (via srun under Slurm, directly under bash)",
         "launch=()",
         "rdzv=(--standalone)",
-        'if [ -n "${SLURM_JOB_ID:-}" ]; then',
-        '  nnodes="${SLURM_JOB_NUM_NODES:-1}"',
+        'if [ -n "$mbp_slurm_job_id" ]; then',
+        '  nnodes="$mbp_slurm_nnodes"',
+        '  case "$nnodes" in ""|*[!0-9]*) echo "mbridge-perf: SLURM_JOB_NUM_NODES=$nnodes is '
+        'not a node count" >&2; exit 2;; esac',
         '  if [ "$nnodes" -gt 1 ]; then',
-        '    head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        '    head_node=$(scontrol show hostnames "$mbp_slurm_nodelist" | head -n 1)',
         '    rdzv=(--nnodes="$nnodes" --rdzv-backend=c10d '
-        f'--rdzv-endpoint="$head_node:{profile.master_port}" --rdzv-id="$SLURM_JOB_ID")',
+        f'--rdzv-endpoint="$head_node:{profile.master_port}" --rdzv-id="$mbp_slurm_job_id")',
         "  fi",
         "  launch=(" + " ".join(_srun_words(profile)) + ")",
     ]

@@ -64,8 +64,8 @@ def _matches(units: list[Unit], term: str, want_rec: bool) -> list[Match]:
 
 def recommended(units: list[Unit], term: str, *, late_ok: bool = True) -> list[Match]:
     """Recommended matches of a term, best rank first."""
-    hits = [m for m in _matches(units, term, True) if late_ok or not m.unit.late]
-    return sorted(hits, key=lambda m: (_rank(m.unit), m.start))
+    hits = [m for m in _matches(units, term, True) if late_ok or not m.late]
+    return sorted(hits, key=lambda m: (m.rank, m.start))
 
 
 def mentioned(units: list[Unit], term: str) -> list[Match]:
@@ -148,8 +148,8 @@ def order(a: Answer, pairs: list[list[str]]) -> list[Expectation]:
             missing = before if not hb else after
             out.append(Expectation(text, False, f"'{missing}' is not recommended", "order"))
             continue
-        ok = _rank(hb[0].unit) <= _rank(ha[0].unit) and hb[0].unit.index != -1
-        if _rank(hb[0].unit) == _rank(ha[0].unit):
+        ok = hb[0].rank <= ha[0].rank and hb[0].unit.index != -1
+        if hb[0].rank == ha[0].rank:
             ok = hb[0].start <= ha[0].start
         out.append(Expectation(text, ok, f"first '{before}': {hb[0].evidence} | first "
                                          f"'{after}': {ha[0].evidence}", "order"))
@@ -168,15 +168,15 @@ def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist", 
         rec = item.get("kind", "recommend") == "recommend"
         hits = [m for t in item["match"] for m in
                 (recommended(a.units, t) if rec else mentioned(a.units, t))]
-        hits.sort(key=lambda m: (_rank(m.unit), m.start))
+        hits.sort(key=lambda m: (m.rank, m.start))
         verb, miss = ("recommends", "recommended") if rec else ("states", "found")
         out.append(Expectation(f"checklist {item['id']}: {verb} {clip(item['text'], 120)}",
                                bool(hits), hits[0].evidence if hits else
                                f"none of {_quote(item['match'])} {miss}", check))
         if rec and hits:
-            ranks.append((item["id"], _rank(hits[0].unit), hits[0]))
+            ranks.append((item["id"], hits[0].rank, hits[0]))
             if lenient_order:
-                ranks[-1] = (*ranks[-1], _rank(hits[-1].unit), hits[-1])
+                ranks[-1] = (*ranks[-1], hits[-1].rank, hits[-1])
     if lenient_order and len(ranks) > 1:
         bad = [(x, y) for x, y in pairwise(ranks) if x[1] > y[3]]
         evidence = ("; ".join(f"'{y[0]}' ({y[4].evidence}) comes before '{x[0]}' "

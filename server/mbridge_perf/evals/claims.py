@@ -48,7 +48,7 @@ _FIRST_CUE = re.compile(
     r"|\bright away\b|\bimmediately\b")
 # An action is advice when its sentence tells the reader to do something.
 _ADVICE = re.compile(
-    r"^(?:\d+[.)] ?)?(?:\w+[:.] )?(?:set|use|enable|add|switch|turn|go|move|raise|increase|"
+    r"^(?:\d+[.)] ?)?(?:\w+[:.,] )?(?:set|use|enable|add|switch|turn|go|move|raise|increase|"
     r"double|bump|try|apply|start|prefer|put|export|change|make|lower|reduce|flip|jump|"
     r"give|bring|run)\b|\b(?:should|must|recommend\w*|suggest\w*|i'd|i would|let's|you can|"
     r"you could|need to|go straight|straight to|first step|start with|start by|the fix is|"

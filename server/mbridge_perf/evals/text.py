@@ -121,7 +121,8 @@ _LATE = re.compile(
     r"only as a last resort|as a last resort|last resort|only if (?:it |the oom |the job |you |"
     r"that |this )?still|only if the oom persists|(?:a |as a )later step|as a last step|"
     r"only when selective (?:recompute )?(?:cannot|can't) fit|only if selective (?:recompute )?"
-    r"(?:cannot|can't|still)|only after")
+    r"(?:cannot|can't|still)|only after|(?:a |as a )?later (?:candidates?|a/?bs?|steps?|options?)"
+    r"|(?:comes?|are|is) later\b|\blater,? once\b")
 _NEG_HEADING = re.compile(r"\b(?:not|avoid|don't|do not|reject(?:ed)?|wrong|mistakes?|myths?|"
                           r"pitfalls?|never|incompatible|blocked|what not)\b")
 
@@ -143,6 +144,11 @@ class Match:
     start: int
     end: int
     recommended: bool
+    late: bool = False      # the unit, or the clause of the match, defers it ("FP8 later")
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        return (1 if self.late else 0, self.unit.index)
 
     @property
     def evidence(self) -> str:
@@ -267,6 +273,14 @@ def _under_label(sc: _Scan, start: int) -> bool:
     return j < 0 or sc.semis[j] < sc.label_ends[k]
 
 
+def is_late(unit: Unit, start: int, end: int) -> bool:
+    """Whether the clause of a match defers it ("FP8 is a later candidate")."""
+    sc = _scan(unit.norm)
+    lo, hi = sc.clause(start, end, len(unit.norm))
+    k = bisect_left(sc.late, (lo, -1))
+    return k < len(sc.late) and sc.late[k][0] < hi
+
+
 def in_graph_scope(unit: Unit, start: int, end: int) -> bool:
     """Whether a match sits in a CUDA-graph module list ("cuda_graph_modules: [mlp]")."""
     return _inside(_scan(unit.norm).graph_lists, start, end)
@@ -293,7 +307,8 @@ def find(units: list[Unit], term: str) -> list[Match]:
             for m in rx.finditer(u.norm):
                 if not graph_term and in_graph_scope(u, m.start(), m.end()):
                     continue
-                found.append(Match(u, m.start(), m.end(), is_recommended(u, m.start(), m.end())))
+                found.append(Match(u, m.start(), m.end(), is_recommended(u, m.start(), m.end()),
+                                   u.late or is_late(u, m.start(), m.end())))
     found.sort(key=lambda m: (m.unit.index, m.start))
     return found
 
@@ -304,5 +319,14 @@ def heading_flags(heading: str) -> tuple[bool, bool]:
     return bool(_NEG_HEADING.search(h)), bool(_LATE.search(h))
 
 
+_UNIT_LATE = re.compile(
+    r"only as a last resort|as a last resort|last resort|only if (?:it |the oom |the job |you |"
+    r"that |this )?still|only if the oom persists|(?:a |as a )later step|as a last step|"
+    r"only when selective (?:recompute )?(?:cannot|can't) fit|only if selective (?:recompute )?"
+    r"(?:cannot|can't|still)|only after")
+
+
 def unit_is_late(norm: str) -> bool:
-    return bool(_LATE.search(norm))
+    """A whole unit is late advice ("only as a last resort: add mlp"); a clause-level cue
+    ("FP8 is a later candidate") defers only its own matches (``is_late``)."""
+    return bool(_UNIT_LATE.search(norm))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO
 
@@ -28,7 +28,14 @@ ROOT = Path(__file__).resolve().parent.parent
 STAMP = ".mbridge-perf-install"
 # pip gives up on an unreachable index after retries x timeout; the whole install is bounded too
 PIP_NETWORK = ["--retries", "2", "--timeout", "20"]
-INSTALL_TIMEOUT_S = float(os.environ.get("MBRIDGE_PERF_INSTALL_TIMEOUT", "900"))
+TIMEOUT_VAR = "MBRIDGE_PERF_INSTALL_TIMEOUT"
+DEFAULT_INSTALL_TIMEOUT_S = 900.0
+# What the installed package is built from, hashed by content so a `git pull` that changes any
+# of it reinstalls: the package source, the skill pack setup.py bundles into the wheel, and the
+# build files.
+SOURCE_DIRS = ("server", "skills")
+BUILD_FILES = ("pyproject.toml", "setup.py", "card.yaml")
+_SKIP_DIRS = ("__pycache__", "build", "dist")
 
 
 def say(message: str) -> None:
@@ -57,18 +64,51 @@ def venv_bin(venv: Path, name: str) -> Path:
         f"{name}.exe" if os.name == "nt" else name)
 
 
+def install_timeout() -> float:
+    """The install's time limit in seconds from $MBRIDGE_PERF_INSTALL_TIMEOUT (default 900); a
+    value that is not a positive number is one error line."""
+    raw = os.environ.get(TIMEOUT_VAR, "").strip()
+    if not raw:
+        return DEFAULT_INSTALL_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        fail(f"{TIMEOUT_VAR}={raw[:40]!r} is not a number of seconds above 0; unset it (default "
+             f"{DEFAULT_INSTALL_TIMEOUT_S:.0f}) or set e.g. {TIMEOUT_VAR}=1800")
+    return value
+
+
+def _source_files(top: Path) -> list[Path]:
+    """The package's source files, in a fixed order (no caches, build output or egg-info)."""
+    found = []
+    for folder, dirs, files in os.walk(top):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.endswith(".egg-info")
+                         and not d.startswith("."))
+        found += [Path(folder, f) for f in sorted(files) if not f.endswith((".pyc", ".pyo"))]
+    return found
+
+
 def install_key() -> str:
-    """What the install depends on: the package version and build files, where the plugin root
-    is, and the interpreter. A new plugin version (a new root or pyproject) reinstalls."""
+    """What the install depends on: the content of the package's source, the skill pack and
+    the build files, where the plugin root is, and the interpreter. Any change to a module or a
+    skill (a `git pull`, a new plugin version) reinstalls; an unchanged tree starts at once."""
     h = hashlib.sha256()
-    h.update(str(ROOT).encode())
-    h.update(sys.version.encode())
-    for name in ("pyproject.toml", "setup.py"):
+    h.update(str(ROOT).encode() + b"\0" + sys.version.encode() + b"\0")
+    for name in BUILD_FILES:
         try:
-            h.update((ROOT / name).read_bytes())
+            h.update(name.encode() + b"\0" + (ROOT / name).read_bytes() + b"\0")
         except OSError:
             fail(f"{ROOT / name} is missing; this script must stay in the scripts/ folder of "
                  "an mbridge-perf checkout or plugin")
+    for path in (p for top in SOURCE_DIRS for p in _source_files(ROOT / top)):
+        try:
+            data = path.read_bytes()
+        except OSError as exc:  # an unreadable file still changes the key, never crashes
+            data = f"<unreadable: {exc.strerror}>".encode()
+        h.update(path.relative_to(ROOT).as_posix().encode() + b"\0"
+                 + len(data).to_bytes(8, "little") + data)
     return h.hexdigest()
 
 
@@ -96,41 +136,74 @@ def install_lock(folder: Path):
         yield
 
 
-def run_logged(cmd: list[str], log: IO[str], deadline: float, what: str) -> None:
-    """Run one install step, its output to the log and the headline lines to stderr."""
+def _stop_group(proc) -> None:
+    """Kill the step and everything it started (its own process group), then reap it."""
+    import signal
+    import subprocess
+    with suppress(ProcessLookupError, PermissionError):
+        if os.name == "nt":
+            proc.kill()
+        else:  # the group outlives its leader: pip's build helpers are killed too
+            os.killpg(proc.pid, signal.SIGKILL)
+    with suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+
+
+def run_logged(cmd: list[str], log: IO[str], deadline: float, what: str,
+               timeout_s: float) -> None:
+    """Run one install step in its own process group, its output to the log and the headline
+    lines to stderr. The deadline holds while the step prints nothing too: at the deadline the
+    whole group is killed and the start fails with one line (the install lock is released as
+    this process exits)."""
     import re
     import subprocess
+    import threading
     import time
     log.write(f"$ {' '.join(cmd)}\n")
     log.flush()
+    group = {"start_new_session": True} if os.name != "nt" else {
+        "creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, errors="replace", **group)
     assert proc.stdout
     tail: list[str] = []
-    for line in proc.stdout:
-        log.write(line)
-        tail = [*tail[-4:], line.rstrip()]
-        if re.match(r"(Collecting|Building|Successfully|ERROR)", line):
-            say(f"  {line.rstrip()[:120]}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            break
-    code = proc.wait()
-    if time.monotonic() > deadline:
-        fail(f"{what} took longer than {INSTALL_TIMEOUT_S:.0f} s "
-             f"(MBRIDGE_PERF_INSTALL_TIMEOUT); full log: {log.name}")
+
+    def pump() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            log.write(line)
+            tail[:] = [*tail[-4:], line.rstrip()]
+            if re.match(r"(Collecting|Building|Successfully|ERROR)", line):
+                say(f"  {line.rstrip()[:120]}")
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        _stop_group(proc)
+        reader.join(5)
+        fail(f"{what} took longer than {timeout_s:.0f} s ({TIMEOUT_VAR}) and was stopped; "
+             f"full log: {log.name}")
+    except BaseException:
+        _stop_group(proc)
+        raise
+    reader.join(5)
+    if reader.is_alive():  # something the step left behind still holds its output open
+        _stop_group(proc)
+        reader.join(5)
+    log.flush()
     if code != 0:
         last = " | ".join(t for t in tail if t.strip())[-400:]
         fail(f"{what} failed (exit {code}): {last}; full log: {log.name}. "
              "Fix the cause (network to PyPI, disk space) and start the server again.")
 
 
-def install(venv: Path, key: str) -> None:
+def install(venv: Path, key: str, timeout_s: float) -> None:
     import time  # install-path imports stay out of the warm start
 
     folder = venv.parent
     started = time.monotonic()
-    deadline = started + INSTALL_TIMEOUT_S
+    deadline = started + timeout_s
     say(f"first start: installing the server into {venv} (one time, about a minute)")
     with open(folder / "install.log", "w") as log:
         py = venv_bin(venv, "python")
@@ -138,14 +211,14 @@ def install(venv: Path, key: str) -> None:
             say(f"  creating a virtual environment with {sys.executable}")
             run_logged([sys.executable, "-m", "venv", str(venv)], log, deadline,
                        "creating the virtual environment (on Debian/Ubuntu: apt install "
-                       "python3-venv)")
+                       "python3-venv)", timeout_s)
         (venv / STAMP).unlink(missing_ok=True)
         say(f"  installing mbridge-perf from {ROOT}")
         run_logged([str(py), "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
                     "--progress-bar", "off", *PIP_NETWORK, "--upgrade", str(ROOT)],
-                   log, deadline, "pip install")
+                   log, deadline, "pip install", timeout_s)
         run_logged([str(venv_bin(venv, "mbridge-perf")), "--version"], log, deadline,
-                   "checking the installed command")
+                   "checking the installed command", timeout_s)
     (venv / STAMP).write_text(key + "\n")
     say(f"installed in {time.monotonic() - started:.0f} s; later starts skip this step")
 
@@ -157,6 +230,7 @@ def main(argv: list[str]) -> None:
     prepare = argv[:1] == ["--prepare"]
     folder = data_dir()
     venv = folder / "venv"
+    timeout_s = install_timeout()
     key = install_key()
     if not installed(venv, key):
         try:
@@ -166,7 +240,7 @@ def main(argv: list[str]) -> None:
                  "MBRIDGE_PERF_DATA to a writable folder")
         with install_lock(folder):
             if not installed(venv, key):  # another start may have finished meanwhile
-                install(venv, key)
+                install(venv, key, timeout_s)
     if prepare:
         return
     server = venv_bin(venv, "mbridge-perf")

@@ -29,6 +29,10 @@ from mbridge_perf.skillpack.pack import get_skill
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "evals-dev"
+# Answers written for issue 22 in styles the shared set lacks (terse chat, tables, code-heavy,
+# hedged); their skill folders drop the nemo-mbridge-perf- prefix. Developed on, like dev.
+OWN_DATA = REPO / "tests" / "evals" / "answers22"
+PREFIX = "nemo-mbridge-perf-"
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 
 
@@ -63,12 +67,14 @@ def main() -> int:
         print(f"no data at {args.data}", file=sys.stderr)
         return 2
     halves = split(args.data)
-    for half in ("dev", "measured"):
+    if OWN_DATA.is_dir():
+        halves["own"] = sorted(OWN_DATA.glob("*/*.md"))
+    for half in halves:
         per: dict[str, list[int]] = {}
         wrong: list[str] = []
         for f in halves[half]:
             meta, body = _meta(f)
-            skill = f.parent.name
+            skill = f.parent.name if f.parent.name.startswith(PREFIX) else PREFIX + f.parent.name
             card = get_skill(REPO, skill).card
             grade = grade_skill(card, parse_answer(body), skill)
             ok = grade.passed == (meta.get("label") == "good")
@@ -77,14 +83,15 @@ def main() -> int:
             row[1] += 1
             if not ok:
                 failed = [f"{e.text} [{e.evidence}]" for e in grade.expectations if not e.passed]
-                wrong.append(f"  {skill.removeprefix('nemo-mbridge-perf-')}/{f.name} "
+                wrong.append(f"  {skill.removeprefix(PREFIX)}/{f.name} "
                              f"({meta.get('label')}, graded {'pass' if grade.passed else 'fail'})"
                              + ("".join(f"\n      - {x}" for x in failed) if args.verbose
                                 else ""))
         tot = [sum(r[0] for r in per.values()), sum(r[1] for r in per.values())]
-        print(f"{half} half: {tot[0]}/{tot[1]} agree ({tot[0] / max(tot[1], 1):.0%})")
+        name = "own answers" if half == "own" else f"{half} half"
+        print(f"{name}: {tot[0]}/{tot[1]} agree ({tot[0] / max(tot[1], 1):.0%})")
         for skill, (a, n) in sorted(per.items()):
-            print(f"  {skill.removeprefix('nemo-mbridge-perf-'):28s} {a}/{n}")
+            print(f"  {skill.removeprefix(PREFIX):28s} {a}/{n}")
         if wrong:
             print(f"  disagreements ({len(wrong)}):")
             print("\n".join(wrong))

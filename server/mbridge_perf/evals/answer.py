@@ -20,7 +20,23 @@ _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTAL
 _HEADING = re.compile(r"^(#{1,6})\s+(.*)$")
 _FENCE = re.compile(r"^\s*(```|~~~)\s*([A-Za-z0-9_-]*)")
 _LIST = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
-_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z(`*\"'])")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Za-z(`*\"'])")
+# Sentence ends that are not: abbreviations before a lower-case word ("e.g. fused", "vs. 8").
+_ABBREV = re.compile(r"(?:\b(?:e\.g|i\.e|vs|etc|approx|cf|incl|resp|no|fig|eq|ca)\.|\b[A-Za-z]\.)$")
+
+
+def _sentences(text: str) -> list[str]:
+    """Prose into sentences; a chat-style lower-case start after a full stop also splits."""
+    out: list[str] = []
+    last = 0
+    for m in _SENTENCE.finditer(text):
+        head = text[last:m.start()]
+        if text[m.end()].islower() and _ABBREV.search(head[-8:]):
+            continue
+        out.append(head)
+        last = m.end()
+    out.append(text[last:])
+    return out
 
 
 class AnswerError(ValueError):
@@ -162,7 +178,7 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
 
     def flush() -> None:
         if para:
-            for sentence in _SENTENCE.split(" ".join(para)):
+            for sentence in _sentences(" ".join(para)):
                 add(sentence)
             para.clear()
 

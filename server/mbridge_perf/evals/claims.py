@@ -15,6 +15,11 @@ A card entry::
       unless: [<regex>, ...]  # any hit in that sentence rejects or corrects the claim
       number: {expect: 28.4, rel_tol: 0.2}   # claim = the first group of match[0] is a number
                               # outside this tolerance ("TP 4→8 costs about 5 %")
+      first_among: [<regex>]  # with first: wrong only when none of these is recommended before
+                              # it ("mlp" before any other recompute module)
+      context: [<regex>]      # every regex must hit somewhere in the answer (its layout:
+                              # "PP=4"), e.g. for "enable cpu_offloading" with PP > 1
+    kind: omission            # wrong by leaving out: no unit says any of match
       examples: {asserts: [...], rejects: [...]}   # sentences the tests run through the grader
 
 An answer asserts a claim in a unit when every ``match`` regex hits, no ``unless`` regex or
@@ -67,6 +72,8 @@ class Misconception:
     unless: tuple[re.Pattern[str], ...]
     first: bool = False
     number: tuple[float, float] | None = None
+    first_among: tuple[re.Pattern[str], ...] = ()
+    context: tuple[re.Pattern[str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -108,7 +115,9 @@ def _one(e: dict[str, Any]) -> Misconception:
         match=tuple(re.compile(r) for r in e["match"]),
         unless=tuple(re.compile(r) for r in e.get("unless", [])),
         first=bool(e.get("first", False)),
-        number=(float(num["expect"]), float(num.get("rel_tol", 0.1))) if num else None)
+        number=(float(num["expect"]), float(num.get("rel_tol", 0.1))) if num else None,
+        first_among=tuple(re.compile(r) for r in e.get("first_among", [])),
+        context=tuple(re.compile(r) for r in e.get("context", [])))
 
 
 def misconceptions(card: dict[str, Any]) -> tuple[Misconception, ...]:
@@ -165,6 +174,8 @@ def find_misconceptions(card: dict[str, Any], units: list[Unit],
     items = misconceptions(card)
     first_unit, first_pos = _first_action(units, items, action_terms or [])
     for m in items:
+        if m.context and not all(any(rx.search(u.norm) for u in units) for rx in m.context):
+            continue
         if m.kind == "omission":
             if omissions and units and _omitted(m, units):
                 out.append(Finding(m, None))
@@ -172,12 +183,27 @@ def find_misconceptions(card: dict[str, Any], units: list[Unit],
         for u in units:
             if not _asserted_in(m, u):
                 continue
-            if m.first and not (_first_cue(u) or (
+            if m.first_among:
+                if not _first_among(m, u, units):
+                    continue
+            elif m.first and not (_first_cue(u) or (
                     u is first_unit and _anchor(m, u) <= first_pos)):
                 continue
             out.append(Finding(m, u))
             break
     return out
+
+
+def _first_among(m: Misconception, u: Unit, units: list[Unit]) -> bool:
+    """No competing action (``first_among``) is recommended before the anchor of ``m``."""
+    key = (1 if u.late else 0, u.index, _anchor(m, u))
+    for v in units:
+        for rx in m.first_among:
+            for h in rx.finditer(v.norm):
+                if (1 if v.late else 0, v.index, h.start()) < key and is_recommended(
+                        v, h.start(), h.end()):
+                    return False
+    return True
 
 
 def _anchor(m: Misconception, u: Unit) -> int:

@@ -55,9 +55,13 @@ _FIRST_CUE = re.compile(
 _ADVICE = re.compile(
     r"^(?:\d+[.)] ?)?(?:\w+[:.,] )?(?:set|use|enable|add|switch|turn|go|move|raise|increase|"
     r"double|bump|try|apply|start|prefer|put|export|change|make|lower|reduce|flip|jump|"
-    r"give|bring|run)\b|\b(?:should|must|recommend\w*|suggest\w*|i'd|i would|let's|you can|"
+    r"give|bring|run|offload|push|keep|recompute|shard|split|pin|drop|cut)\b"
+    r"|\b(?:should|must|recommend\w*|suggest\w*|i'd|i would|let's|you can|"
     r"you could|need to|go straight|straight to|first step|start with|start by|the fix is|"
     r"answer is|best (?:fix|option|lever)|quickest|fastest|easiest)\b")
+# "Recompute: full, recompute_granularity=full" — a terse label line is advice for what follows
+# its colon closely.
+_LABEL_LEAD = re.compile(r"^(?:\d+[.)] ?)?[a-z][\w /-]{0,30}: ")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
@@ -149,7 +153,9 @@ def _asserted_in(m: Misconception, u: Unit) -> bool:
     if m.number is not None and not _wrong_number(m, hits[0]):
         return False
     if m.kind == "action":
-        return bool(_ADVICE.search(s)) and is_recommended(u, hits[0].start(), hits[0].end())
+        label = _LABEL_LEAD.match(s)
+        advice = bool(_ADVICE.search(s)) or bool(label and hits[0].start() - label.end() <= 40)
+        return advice and is_recommended(u, hits[0].start(), hits[0].end())
     return True
 
 

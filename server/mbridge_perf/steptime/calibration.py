@@ -37,6 +37,9 @@ class Calibration(BaseModel):
     generations: dict[str, GenParams]
     grouped_gemm_factor: float = Field(gt=0, le=1.5)
     """MoE expert (grouped) GEMM efficiency relative to a dense GEMM of the same precision."""
+    gemm_half_flops: float = Field(2e9, ge=0)
+    """GEMM size (forward FLOPs) at which efficiency is half its large-GEMM value (seed from
+    Calculon's size buckets: 1-16 GFLOP -> 0.6 of the >=128 GFLOP value)."""
     attn_eff: float = Field(0.55, gt=0, le=1)
     """Flash/cuDNN attention core efficiency of the BF16 peak (seed: FA3 ~0.75 fwd, lower bwd)."""
     ssm_eff: float = Field(0.1, gt=0, le=1)

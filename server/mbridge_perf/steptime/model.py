@@ -328,7 +328,10 @@ def _estimate(cfg: TrainingConfig | Derived, gpu: str | GPUSpec | None,
         terms = dict.fromkeys(("compute", "memory", "recompute", "tp", "cp", "ep", "pp",
                                "other"), 0.0)
         for lw, n in kinds:
-            t_lin = tok * (lw.attn_linear + lw.dense_mlp) / gemm_rate
+            # GEMM-size efficiency: a layer's typical GEMM (forward, one of ~4 projections)
+            f_gemm = tok * (lw.attn_linear + lw.dense_mlp) / 12
+            size_eff = f_gemm / (f_gemm + cal.gemm_half_flops) if f_gemm > 0 else 1.0
+            t_lin = tok * (lw.attn_linear + lw.dense_mlp) / (gemm_rate * size_eff)
             t_core = tok * lw.attn_core / attn_rate
             t_exp = tok * lw.experts / group_rate
             terms["compute"] += n * (t_lin + t_core + t_exp + tok * lw.ssm_core / ssm_rate)
@@ -392,7 +395,8 @@ def _estimate(cfg: TrainingConfig | Derived, gpu: str | GPUSpec | None,
     flops = per_token * tokens
     tflops = flops / step / world / 1e12
     names = {
-        "compute": ("compute", "GEMMs at the dense peak x calibrated efficiency, attention core "
+        "compute": ("compute", "GEMMs at the dense peak x calibrated efficiency x F/(F + "
+                               "gemm_half_flops) for the layer's GEMM size F, attention core "
                                "at the BF16 peak x attn_eff, experts x grouped_gemm_factor"),
         "memory": ("memory-bound ops", "norms/activations/dropout as bytes over HBM "
                                        "bandwidth x hbm_eff"),

@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from mbridge_perf.evals.text import Unit, clip, is_recommended
+from mbridge_perf.evals.text import Unit, clip, is_negated, is_recommended
 
 _CORRECTION = re.compile(
     r"\b(?:myths?|misconceptions?|is wrong|are wrong|wrongly|not true|untrue|incorrect|false|"
@@ -53,12 +53,15 @@ _FIRST_CUE = re.compile(
     r"|\bright away\b|\bimmediately\b")
 # An action is advice when its sentence tells the reader to do something.
 _ADVICE = re.compile(
-    r"^(?:\d+[.)] ?)?(?:\w+[:.,] )?(?:set|use|enable|add|switch|turn|go|move|raise|increase|"
-    r"double|bump|try|apply|start|prefer|put|export|change|make|lower|reduce|flip|jump|"
-    r"give|bring|run|offload|push|keep|recompute|shard|split|pin|drop|cut)\b"
+    r"(?:^(?:\d+[.)] ?)?(?:\w+[:.,] )?|[,:;] )(?:set|use|enable|add|switch|turn|go|move|raise|"
+    r"increase|double|bump|try|apply|start|prefer|put|export|change|make|lower|reduce|flip|"
+    r"jump|give|bring|run|offload|push|keep|recompute|shard|split|pin|drop|cut|combine|"
+    r"bundle|merge|stack)\b"
     r"|\b(?:should|must|recommend\w*|suggest\w*|i'd|i would|let's|you can|"
     r"you could|need to|go straight|straight to|first step|start with|start by|the fix is|"
-    r"answer is|best (?:fix|option|lever)|quickest|fastest|easiest)\b")
+    r"answer is|best (?:fix|option|lever)|quickest|fastest|easiest|cheapest|simplest|would be|"
+    r"my first|first move|go for|opt for|pick|choose|turn on|consider|worth (?:trying|enabling)|"
+    r"the way to go|you'll want|you want to|we'd|plan)\b")
 # "Recompute: full, recompute_granularity=full" — a terse label line is advice for what follows
 # its colon closely.
 _LABEL_LEAD = re.compile(r"^(?:\d+[.)] ?)?[a-z][\w /-]{0,30}: ")
@@ -152,6 +155,10 @@ def _asserted_in(m: Misconception, u: Unit) -> bool:
         return False
     if m.number is not None and not _wrong_number(m, hits[0]):
         return False
+    if m.kind == "claim":
+        # the claim's subject and its predicate both stand unnegated ("core_attn does not save
+        # much" negates the predicate; "not core_attn" the subject)
+        return not any(is_negated(u, h.start(), h.end()) for h in (hits[0], hits[-1]))
     if m.kind == "action":
         label = _LABEL_LEAD.match(s)
         advice = bool(_ADVICE.search(s)) or bool(label and hits[0].start() - label.end() <= 40)

@@ -253,6 +253,23 @@ def is_recommended(unit: Unit, start: int, end: int) -> bool:
     return _first_at(sc.not_first_starts, sc.not_first, end, hi) is None
 
 
+def is_negated(unit: Unit, start: int, end: int) -> bool:
+    """Whether a negation cue in its clause scopes over the match ("does not save much",
+    "X is not supported") — polarity only, without the reported / conditional readings."""
+    s = unit.norm
+    sc = _scan(s)
+    lo, hi = sc.clause(start, end, len(s))
+    if _first_at(sc.prefix_starts, sc.prefix, lo, start) or _under_label(sc, start):
+        return True
+    limit = min(hi, end + _SUFFIX_REACH)
+    k = bisect_left(sc.suffix_starts, end)
+    while k < len(sc.suffix) and sc.suffix[k][1] <= limit:
+        if not _own_subject(s, end, sc.suffix[k][0]):
+            return True
+        k += 1
+    return False
+
+
 # "Avoid: TP=8, PP=8", "Do not trade DP for PP: PP 4→8 ..." — a cue used as a label (or a
 # negated lead-in ending in a colon) negates the rest of the unit up to a ";".
 _LABEL = re.compile(r"\b(?:avoid|do not|don't|never|rejected|not recommended|what not to do|"

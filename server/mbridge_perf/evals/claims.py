@@ -231,19 +231,32 @@ def _first_cue(u: Unit) -> bool:
 def _first_action(units: list[Unit], items: tuple[Misconception, ...],
                   terms: list[str]) -> tuple[Unit | None, int]:
     """The first unit (late advice last) that recommends anything, and where in it the first
-    recommendation starts."""
+    recommendation starts. One pass over the answer per term."""
     from mbridge_perf.evals.checks import recommended
 
     firsts = [m for m in items if m.first]
     if not firsts:
         return None, 0
-    for u in sorted(units, key=lambda u: (1 if u.late else 0, u.index)):
-        starts = [h.start() for m in firsts for h in m.match[0].finditer(u.norm)
-                  if is_recommended(u, h.start(), h.end())]
-        starts += [h.start for t in terms for h in recommended([u], t)]
-        if starts:
-            return u, min(starts)
-    return None, 0
+    best: tuple[int, int, int] | None = None
+    by_index = {}
+    for m in firsts:
+        for u in units:
+            for h in m.match[0].finditer(u.norm):
+                if is_recommended(u, h.start(), h.end()):
+                    key = (1 if u.late else 0, u.index, h.start())
+                    if best is None or key < best:
+                        best, by_index[u.index] = key, u
+                    break
+    for t in dict.fromkeys(terms):
+        hits = recommended(units, t)
+        if hits:
+            h = hits[0]
+            key = (h.rank[0], h.unit.index, h.start)
+            if best is None or key < best:
+                best, by_index[h.unit.index] = key, h.unit
+    if best is None:
+        return None, 0
+    return by_index[best[1]], best[2]
 
 
 # ---------------------------------------------------------------- stated arithmetic

@@ -74,7 +74,7 @@ def term_regex(term: str) -> re.Pattern[str]:
     whole words only (``moe`` does not match ``moe_act``, ``mlp`` matches ``mlp recompute``).
     A term ``re:<regex>`` is that regular expression over normalised text."""
     if term.startswith("re:"):
-        return re.compile(term[3:])
+        return re.compile(term[3:], re.MULTILINE)
     t = normalise(term.strip())
     out: list[str] = []
     for ch in t:
@@ -89,7 +89,7 @@ def term_regex(term: str) -> re.Pattern[str]:
     left = r"(?<![a-z0-9_])" if t[:1].isalnum() else ""
     right = (r"s?(?![a-z0-9_])" if t[-1:].isalpha() else
              r"(?![a-z0-9_])" if t[-1:].isdigit() else "")
-    return re.compile(left + body + right)
+    return re.compile(left + body + right, re.MULTILINE)
 
 
 # ---------------------------------------------------------------- cues
@@ -313,19 +313,47 @@ def _own_subject(s: str, end: int, cue: int) -> bool:
     return paren >= 0 and not _PAREN_LEAD.match(s, paren, cue)
 
 
+_CORPUS: dict[int, tuple[list[Unit], str, list[int]]] = {}
+
+
+def _corpus(units: list[Unit]) -> tuple[str, list[int]]:
+    """The units' normalised texts joined by newlines (normalised text has none), and where
+    each starts: one regex pass over an answer instead of one per unit."""
+    hit = _CORPUS.get(id(units))
+    if hit is not None and hit[0] is units and len(hit[2]) == len(units):
+        return hit[1], hit[2]
+    starts, pos = [], 0
+    for u in units:
+        starts.append(pos)
+        pos += len(u.norm) + 1
+    joined = "\n".join(u.norm for u in units)
+    if len(_CORPUS) >= 16:
+        _CORPUS.clear()
+    _CORPUS[id(units)] = (units, joined, starts)
+    return joined, starts
+
+
 def find(units: list[Unit], term: str) -> list[Match]:
     """Every match of a term (alternatives split on `|`) in the units, in document order."""
     found: list[Match] = []
     alts = [term] if term.startswith("re:") else [t for t in term.split("|") if t.strip()]
+    joined, starts = _corpus(units) if len(units) > 8 else ("", [])
     for alt in alts:
         rx = term_regex(alt)
         graph_term = "graph" in alt.lower()
-        for u in units:
-            for m in rx.finditer(u.norm):
-                if not graph_term and in_graph_scope(u, m.start(), m.end()):
-                    continue
-                found.append(Match(u, m.start(), m.end(), is_recommended(u, m.start(), m.end()),
-                                   u.late or is_late(u, m.start(), m.end())))
+        if starts:
+            pairs = []
+            for m in rx.finditer(joined):
+                k = bisect_right(starts, m.start()) - 1
+                a, b = m.start() - starts[k], m.end() - starts[k]
+                if b <= len(units[k].norm) and a < b:
+                    pairs.append((units[k], a, b))
+        else:
+            pairs = [(u, m.start(), m.end()) for u in units for m in rx.finditer(u.norm)]
+        for u, a, b in pairs:
+            if not graph_term and in_graph_scope(u, a, b):
+                continue
+            found.append(Match(u, a, b, is_recommended(u, a, b), u.late or is_late(u, a, b)))
     found.sort(key=lambda m: (m.unit.index, m.start))
     return found
 

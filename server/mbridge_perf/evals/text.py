@@ -314,6 +314,9 @@ def _own_subject(s: str, end: int, cue: int) -> bool:
 
 
 _CORPUS: dict[int, tuple[list[Unit], str, list[int]]] = {}
+# Matches judged per spelling of a term: an answer that repeats a knob word thousands of times
+# is judged on its first occurrences (advice that only appears after 256 mentions is not read).
+MAX_MATCHES = 256
 
 
 def _corpus(units: list[Unit]) -> tuple[str, list[int]]:
@@ -343,13 +346,16 @@ def find(units: list[Unit], term: str) -> list[Match]:
         graph_term = "graph" in alt.lower()
         if starts:
             pairs = []
-            for m in rx.finditer(joined):
+            for n, m in enumerate(rx.finditer(joined)):
+                if n >= MAX_MATCHES:
+                    break
                 k = bisect_right(starts, m.start()) - 1
                 a, b = m.start() - starts[k], m.end() - starts[k]
                 if b <= len(units[k].norm) and a < b:
                     pairs.append((units[k], a, b))
         else:
             pairs = [(u, m.start(), m.end()) for u in units for m in rx.finditer(u.norm)]
+            del pairs[MAX_MATCHES:]
         for u, a, b in pairs:
             if not graph_term and in_graph_scope(u, a, b):
                 continue

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from mbridge_perf.bench.registry import TERMINAL_STATES, Registry, RunNotFound, default_path
+from mbridge_perf.bench.registry import (
+    TERMINAL_STATES,
+    Registry,
+    RegistryError,
+    RunNotFound,
+    RunRecord,
+    default_path,
+)
 
 PY = sys.executable
 
@@ -170,3 +177,188 @@ def test_concurrent_writers_lose_nothing(reg: Registry) -> None:
     runs = reg.list(limit=1000)
     assert len(runs) == 120 and all(r.state == "running" for r in runs)
     assert {r.message for r in runs} == {"w0", "w1", "w2"}
+
+
+# ------------------------------------------------------------------ issue 23: races, bad rows,
+# failed submits, disk errors
+
+def test_a_late_poll_cannot_overwrite_cancelled(reg: Registry) -> None:
+    """A status poll reads the run, asks Slurm (slow), and meanwhile the user cancels: the
+    poll's "failed" must not land over "cancelled"."""
+    from mbridge_perf.bench import executors
+
+    run = reg.create(executor="slurm", state="running", external_id="42")
+
+    class SlowSlurm:
+        name = "slurm"
+
+        def status(self, record: RunRecord) -> executors.JobStatus:
+            assert record.state == "running"  # what the poll read
+            Registry(reg.path).update_state(run.id, "cancelled", message="scancel by the user")
+            return executors.JobStatus(state="failed", message="FAILED: exit code 0:15")
+
+    polled = executors.refresh_run(reg, run.id, executor=SlowSlurm())  # type: ignore[arg-type]
+    assert (polled.state, polled.message) == ("cancelled", "scancel by the user")
+    assert reg.get(run.id).state == "cancelled"
+
+
+def _overwrites(reg: Registry) -> list[tuple[str, str, str]]:
+    with sqlite3.connect(reg.path) as db:
+        return db.execute("SELECT id, old, new FROM overwrites").fetchall()
+
+
+def test_a_cancel_racing_many_polls_sticks(reg: Registry) -> None:
+    """Processes polling "failed" / "timeout" and one cancelling, all at once: a trigger in
+    the file records every change away from a finished state; there must be none."""
+    with sqlite3.connect(reg.path) as db:
+        db.executescript("""
+            CREATE TABLE overwrites (id TEXT, old TEXT, new TEXT);
+            CREATE TRIGGER keep_finished AFTER UPDATE OF state ON runs
+            WHEN OLD.state IN ('completed', 'failed', 'cancelled', 'timeout')
+                 AND NEW.state != OLD.state
+            BEGIN INSERT INTO overwrites VALUES (OLD.id, OLD.state, NEW.state); END;
+        """)
+    runs = [reg.create(executor="slurm", state="running", external_id=str(i)) for i in range(30)]
+    code = """
+        import sys
+        from mbridge_perf.bench.registry import Registry
+        reg = Registry(sys.argv[1])
+        for rid in sys.argv[3:]:
+            reg.update_state(rid, sys.argv[2], message=sys.argv[2])
+    """
+    ids = [r.id for r in runs]
+    procs = [subprocess.Popen([PY, "-c", textwrap.dedent(code), str(reg.path), state, *ids])
+             for state in ("failed", "cancelled", "failed", "timeout")]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    assert _overwrites(reg) == []
+    for rid in ids:
+        run = reg.get(rid)
+        assert run.state in TERMINAL_STATES and run.message == run.state, run
+
+
+def test_compare_and_set_moves_only_from_the_expected_state(reg: Registry) -> None:
+    run = reg.create(executor="slurm")
+    same = reg.update_state(run.id, "failed", expect=("running",), message="no")
+    assert (same.state, same.message) == ("pending", "")
+    moved = reg.update_state(run.id, "failed", expect=("pending",), message="yes")
+    assert (moved.state, moved.message) == ("failed", "yes")
+
+
+def _bad_rows(reg: Registry) -> dict[str, str]:
+    """Rows a hand edit or a broken version could leave: bad JSON, an unknown state, a wrong
+    type — each written straight into the file."""
+    rows = {"badjson": ("completed", "{not json", 0), "badstate": ("exploded", None, 0),
+            "badexit": ("failed", None, "three")}
+    with sqlite3.connect(reg.path) as db:
+        for rid, (state, contract, exit_code) in rows.items():
+            db.execute("INSERT INTO runs (id, created_at, updated_at, state, executor, contract, "
+                       "exit_code) VALUES (?, '2026-01-01T00:00:00.000+00:00', "
+                       "'2026-01-01T00:00:00.000+00:00', ?, 'slurm', ?, ?)",
+                       (rid, state, contract, exit_code))
+    return {rid: state for rid, (state, _, _) in rows.items()}
+
+
+def test_a_bad_row_is_skipped_and_named(reg: Registry) -> None:
+    good = reg.create(executor="local")
+    bad = _bad_rows(reg)
+    skipped: list[tuple[str, str]] = []
+    assert [r.id for r in reg.list(skipped=skipped)] == [good.id]
+    assert sorted(rid for rid, _ in skipped) == sorted(bad)
+    for rid, why in skipped:
+        assert f"run {rid!r}" in why and "skipped" in why and "DELETE FROM runs" in why
+    assert "contract" in dict(skipped)["badjson"] or "Expecting" in dict(skipped)["badjson"]
+    assert "state" in dict(skipped)["badstate"] and "exit_code" in dict(skipped)["badexit"]
+    with pytest.raises(RegistryError, match=r"run 'badjson' .* cannot be read"):
+        reg.get("badjson")
+    assert reg.find_external("slurm", "x") is None  # lookups skip them too
+
+
+def test_cli_list_keeps_working_past_a_bad_row(reg: Registry) -> None:
+    good = reg.create(executor="local", state="completed")
+    _bad_rows(reg)
+    p = subprocess.run([str(Path(PY).with_name("mbridge-perf")), "bench", "list", "--registry",
+                        str(reg.path)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    assert good.id in p.stdout
+    for rid in ("badjson", "badstate", "badexit"):
+        assert f"run '{rid}'" in p.stdout and "cannot be read" in p.stdout
+    status = subprocess.run([str(Path(PY).with_name("mbridge-perf")), "bench", "status",
+                             "badjson", "--registry", str(reg.path)], capture_output=True,
+                            text=True, timeout=60)
+    assert status.returncode == 2 and "Traceback" not in status.stderr
+    assert status.stderr.count("\n") == 1 and "run 'badjson'" in status.stderr
+
+
+class _FullDisk:
+    """A connection whose writes fail as SQLite's do on a full disk."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        object.__setattr__(self, "_db", db)
+
+    def execute(self, sql: str, *args: object) -> sqlite3.Cursor:
+        if sql.lstrip().upper().startswith(("INSERT", "UPDATE")):
+            raise sqlite3.OperationalError("database or disk is full")
+        return self._db.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._db, name)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        setattr(self._db, name, value)
+
+
+def test_disk_errors_say_so_in_one_line(reg: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = reg.create(executor="local")
+    real = sqlite3.connect
+    monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: _FullDisk(real(*a, **k)))
+    for write in (lambda: reg.create(executor="local"),
+                  lambda: reg.update_state(run.id, "running"),
+                  lambda: reg.update(run.id, message="x")):
+        with pytest.raises(RegistryError) as info:
+            write()
+        text = str(info.value)
+        assert text.startswith(f"registry: {reg.path}: SQLite cannot read or write it "
+                               "(database or disk is full)") and "\n" not in text
+    assert reg.get(run.id).state == "pending"  # reads still work
+
+
+def test_a_failed_submit_ends_failed_with_the_reason(reg: Registry, tmp_path: Path) -> None:
+    from mbridge_perf.bench.executors import SubmitError, submit_run
+    from mbridge_perf.bench.profile import load_profile
+    from mbridge_perf.config.load import load_config
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    prof = load_profile("cpu-test").model_copy(update={"log_dir": str(blocker)})
+    cfg = load_config(data={"train": {"micro_batch_size": 1}})
+    with pytest.raises(SubmitError, match="cannot write the job's files"):
+        submit_run(reg, cfg, prof, steps=1)
+    failed = reg.list(limit=1)[0]
+    assert failed.state == "failed" and "cannot write the job's files" in failed.message
+
+    class Exploding:
+        name = "local"
+
+        def submit(self, run: RunRecord, workdir: str | None = None) -> str:
+            raise RuntimeError("the executor broke")
+
+    with pytest.raises(RuntimeError, match="the executor broke"):
+        submit_run(reg, cfg, load_profile("cpu-test").model_copy(
+            update={"log_dir": str(tmp_path / "runs")}), steps=1,
+            executor=Exploding())  # type: ignore[arg-type]
+    broke = reg.list(limit=1)[0]
+    assert broke.state == "failed" and "RuntimeError: the executor broke" in broke.message
+    assert not [r for r in reg.list() if r.state == "pending"]
+
+
+def test_a_submit_that_never_recorded_a_job_id_ends_failed(reg: Registry) -> None:
+    from mbridge_perf.bench import executors
+
+    stale = reg.create(executor="slurm", message="")
+    with sqlite3.connect(reg.path) as db:  # created long ago, never given a job id
+        db.execute("UPDATE runs SET created_at = '2020-01-01T00:00:00.000+00:00' WHERE id = ?",
+                   (stale.id,))
+    fresh = reg.create(executor="slurm")
+    run = executors.refresh_run(reg, stale.id)
+    assert run.state == "failed" and "the submit never finished" in run.message
+    assert executors.refresh_run(reg, fresh.id).state == "pending"  # still submitting

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,6 +38,10 @@ from mbridge_perf.bench.registry import Registry, RunRecord, RunState
 from mbridge_perf.config.model import TrainingConfig
 
 COMMAND_TIMEOUT_S = 30.0
+
+
+# A run still without a job id this long after it was created was never submitted.
+SUBMIT_GRACE_S = 600
 
 
 class SubmitError(RuntimeError):
@@ -490,24 +495,43 @@ def submit_run(registry: Registry, cfg: TrainingConfig, profile: ClusterProfile 
     try:
         script = render_script(cfg, profile, run_id=run.id, log_path=log_path, recipe=recipe,
                                steps=steps)
-    except ValueError:
-        registry.update_state(run.id, "failed", message="the launch script could not be "
-                                                        "rendered", force=True)
+    except ValueError as exc:
+        _fail_run(registry, run.id, f"the launch script could not be rendered: {exc}")
         raise
-    run_dir.mkdir(parents=True, exist_ok=True)
-    script_path = run_dir / "job.sh"
-    script_path.write_text(script, encoding="utf-8")
-    script_path.chmod(0o755)
-    run = registry.update(run.id, script=script, script_path=str(script_path),
-                          log_path=log_path)
     try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        script_path = run_dir / "job.sh"
+        script_path.write_text(script, encoding="utf-8")
+        script_path.chmod(0o755)
+        run = registry.update(run.id, script=script, script_path=str(script_path),
+                              log_path=log_path)
         external = executor.submit(run, workdir=profile.workdir)
     except SubmitError as exc:
-        registry.update_state(run.id, "failed", message=str(exc), force=True)
+        _fail_run(registry, run.id, str(exc))
         raise SubmitError(f"run {run.id}: {exc}") from None
+    except OSError as exc:  # the run folder or script cannot be written (disk full, perms)
+        reason = (f"cannot write the job's files in {run_dir}: "
+                  f"{exc.strerror or type(exc).__name__}")
+        _fail_run(registry, run.id, reason)
+        raise SubmitError(f"run {run.id}: {reason}") from None
+    except BaseException as exc:  # a registry error, an interrupt: never left "pending"
+        _fail_run(registry, run.id, f"submit stopped before the job started: "
+                                    f"{type(exc).__name__}: {exc}")
+        raise
     state: RunState = "pending" if executor.name == "slurm" else "running"
-    return registry.update(run.id, external_id=external, state=state,
-                           message=f"submitted as {executor.name} {external}")
+    try:
+        return registry.update(run.id, external_id=external, state=state,
+                               message=f"submitted as {executor.name} {external}")
+    except ValueError as exc:  # RegistryError: the job runs, the record could not say so
+        raise SubmitError(f"run {run.id}: submitted as {executor.name} {external}, but the "
+                          f"registry could not record it: {exc}") from None
+
+
+def _fail_run(registry: Registry, run_id: str, reason: str) -> None:
+    """End a run that never started in "failed" with the reason (best effort: the registry
+    itself may be what failed; a cancel that landed first is kept)."""
+    with contextlib.suppress(Exception):
+        registry.update_state(run_id, "failed", message=" ".join(reason.split())[:1000])
 
 
 def executor_for(run: RunRecord, **kwargs: Any) -> LocalExecutor | SlurmExecutor:
@@ -526,9 +550,27 @@ def refresh_run(registry: Registry, run_id: str, *,
     run = registry.get(run_id)
     if run.terminal:
         return run
+    if _submit_never_finished(run):
+        return registry.update_state(
+            run.id, "failed", expect=("pending",),
+            message=f"the submit never finished: no job id was recorded within "
+                    f"{SUBMIT_GRACE_S // 60} minutes (the registry or the disk failed while "
+                    f"submitting: {run.message or 'no reason recorded'}); submit it again")
     status = (executor or executor_for(run)).status(run)
     return registry.update_state(run.id, status.state, message=status.message,
                                  exit_code=status.exit_code)
+
+
+def _submit_never_finished(run: RunRecord) -> bool:
+    """A pending run that never got a job id long after it was created: the process that
+    submitted it stopped before it could record the outcome."""
+    if run.state != "pending" or run.external_id:
+        return False
+    try:
+        created = datetime.fromisoformat(run.created_at)
+    except ValueError:
+        return False
+    return (datetime.now(UTC) - created).total_seconds() > SUBMIT_GRACE_S
 
 
 def cancel_run(registry: Registry, run_id: str, *,

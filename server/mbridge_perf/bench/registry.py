@@ -16,14 +16,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sqlite3
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 RunState = Literal["pending", "running", "completed", "failed", "cancelled", "timeout", "lost",
                    "unknown"]
@@ -113,6 +114,19 @@ def _dump(value: Any) -> str | None:
     return json.dumps(value, sort_keys=True, default=str)
 
 
+def _bad_row(path: Path, row: sqlite3.Row, exc: Exception) -> str:
+    """One line naming an unreadable row, what is wrong, and how to remove it."""
+    rid = str(row["id"])[:64]
+    remove = (f"remove it with: sqlite3 {path} \"DELETE FROM runs WHERE id = '{rid}'\""
+              if re.fullmatch(r"[A-Za-z0-9_\-]+", rid) else "remove it with the sqlite3 tool")
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, ValidationError) and exc.errors():
+        err = exc.errors()[0]
+        first = f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+    return (f"registry: run {rid!r} in {path} cannot be read ({first[:160]}); it is skipped — "
+            f"{remove}")
+
+
 def _check_state(state: str) -> None:
     if state not in STATES:
         raise ValueError(f"state {state!r} is not one of {', '.join(STATES)}")
@@ -125,8 +139,11 @@ class Registry:
         self.path = Path(path).expanduser() if path is not None else default_path()
         try:
             self._open()
-        except (OSError, sqlite3.Error) as exc:
-            raise RegistryError(f"registry: cannot open {self.path} ({exc}); point --registry "
+        except (OSError, sqlite3.Error, RegistryError) as exc:
+            if isinstance(exc, RegistryError) and not hasattr(exc, "sqlite_error"):
+                raise  # WAL refused, a newer schema: already says what to do
+            why = getattr(exc, "sqlite_error", exc)
+            raise RegistryError(f"registry: cannot open {self.path} ({why}); point --registry "
                                 f"or {ENV_VAR} at a writable file") from None
 
     def _open(self) -> None:
@@ -153,24 +170,41 @@ class Registry:
         """Default home of run scripts and logs: next to the database."""
         return self.path.parent / "runs"
 
+    def _disk_error(self, exc: sqlite3.Error) -> RegistryError:
+        """SQLite's error (disk full, read-only, I/O, locked too long) as one line."""
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        err = RegistryError(f"registry: {self.path}: SQLite cannot read or write it ({text}); "
+                            "free disk space or make the file writable, or point --registry "
+                            f"or {ENV_VAR} at another file")
+        err.sqlite_error = text  # type: ignore[attr-defined]
+        return err
+
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        try:
+            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise self._disk_error(exc) from None
         try:
             db.row_factory = sqlite3.Row
             db.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
             yield db
+        except sqlite3.Error as exc:
+            raise self._disk_error(exc) from None
         finally:
             db.close()
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
+        """One transaction that holds the write lock from its first read (BEGIN IMMEDIATE): a
+        read-then-write inside it is a compare-and-set no other writer can interleave with."""
         with self._connect() as db:
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
             except BaseException:
-                db.execute("ROLLBACK")
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
 
@@ -181,6 +215,13 @@ class Registry:
             if data[col] is not None:
                 data[col] = json.loads(data[col])
         return RunRecord.model_validate(data)
+
+    def _checked(self, row: sqlite3.Row) -> RunRecord:
+        """A row as a record, or RegistryError naming the row and what is wrong with it."""
+        try:
+            return self._record(row)
+        except (ValueError, TypeError) as exc:  # bad JSON, an unknown state, a wrong type
+            raise RegistryError(_bad_row(self.path, row, exc)) from None
 
     # ------------------------------------------------------------ API
 
@@ -209,7 +250,7 @@ class Registry:
         if row is None:
             raise RunNotFound(f"no run {run_id!r} in the registry {self.path}; list the runs "
                               "with `mbridge-perf bench list`")
-        return self._record(row)
+        return self._checked(row)
 
     def update(self, run_id: str, **fields: Any) -> RunRecord:
         """Set columns of a run (JSON columns take mappings or pydantic models)."""
@@ -232,13 +273,14 @@ class Registry:
 
     def update_state(self, run_id: str, state: RunState, *, message: str | None = None,
                      exit_code: int | None = None, external_id: str | None = None,
-                     force: bool = False) -> RunRecord:
-        """Move a run to `state`. A finished run (completed, failed, cancelled, timeout) keeps
-        its state unless `force`: a late poll must not turn "cancelled" into "failed"."""
+                     force: bool = False, expect: Collection[str] | None = None) -> RunRecord:
+        """Move a run to `state`, as a compare-and-set in one transaction: the state is read
+        and written under the same write lock, so a late status poll cannot turn "cancelled"
+        into "failed" between its read and its write. A finished run (completed, failed,
+        cancelled, timeout) keeps its state unless `force`; with `expect`, the run moves only
+        from one of those states. Returns the record as it is afterwards (unchanged when the
+        compare failed)."""
         _check_state(state)
-        current = self.get(run_id)
-        if current.terminal and state != current.state and not force:
-            return current
         fields: dict[str, Any] = {"state": state}
         if message is not None:
             fields["message"] = message
@@ -246,7 +288,19 @@ class Registry:
             fields["exit_code"] = exit_code
         if external_id is not None:
             fields["external_id"] = external_id
-        return self.update(run_id, **fields)
+        fields["updated_at"] = _now()
+        with self._write() as db:
+            row = db.execute("SELECT * FROM runs WHERE id = ?", (str(run_id),)).fetchone()
+            if row is None:
+                raise RunNotFound(f"no run {run_id!r} in the registry {self.path}")
+            current = row["state"]
+            moves = force or current == state or current not in TERMINAL_STATES
+            if moves and (expect is None or current in expect):
+                sets = ", ".join(f"{k} = ?" for k in fields)
+                db.execute(f"UPDATE runs SET {sets} WHERE id = ? AND state = ?",
+                           (*fields.values(), str(run_id), current))
+                row = db.execute("SELECT * FROM runs WHERE id = ?", (str(run_id),)).fetchone()
+        return self._checked(row)
 
     def set_result(self, run_id: str, result: Any) -> RunRecord:
         """Store the evaluated result (a BenchmarkResult or its JSON mapping)."""
@@ -254,9 +308,11 @@ class Registry:
 
     def list(self, *, state: RunState | list[RunState] | None = None,
              executor: str | None = None, external_id: str | None = None,
-             since: str | None = None, limit: int = 100) -> list[RunRecord]:
+             since: str | None = None, limit: int = 100,
+             skipped: list[tuple[str, str]] | None = None) -> list[RunRecord]:
         """Runs, newest first, filtered by state(s), executor, external id and creation time
-        (ISO 8601, inclusive)."""
+        (ISO 8601, inclusive). A row that cannot be read (hand-edited, written by a broken
+        version) is left out; pass `skipped` to get (id, why) for each one."""
         where, params = [], []
         if state is not None:
             states = [state] if isinstance(state, str) else list(state)
@@ -280,7 +336,14 @@ class Registry:
         params.append(max(1, min(int(limit), 100_000)))
         with self._connect() as db:
             rows = db.execute(sql, params).fetchall()
-        return [self._record(r) for r in rows]
+        records = []
+        for row in rows:
+            try:
+                records.append(self._record(row))
+            except (ValueError, TypeError) as exc:  # one bad row never hides the others
+                if skipped is not None:
+                    skipped.append((str(row["id"]), _bad_row(self.path, row, exc)))
+        return records
 
     def find_external(self, executor: str, external_id: str) -> RunRecord | None:
         """The newest run this registry made for an executor's job/process id, if any."""

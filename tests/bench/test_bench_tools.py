@@ -97,6 +97,13 @@ async def test_submit_poll_result_and_a_valid_a_b(client: Client) -> None:
     assert res["result"]["metrics"]["step_time_ms"]["median"] > 0
     assert "Benchmark result: pass" in res["markdown"]
     assert res["evidence"]["contract"]["layout"]["tp"] == 2
+    # the library versions the job's Python reported, recorded in the contract (issue 23)
+    import importlib.metadata as md
+    versions = res["evidence"]["contract"]["versions"]
+    assert versions["torch"] == md.version("torch") == res["evidence"]["versions_reported"]["torch"]
+    assert versions["megatron_core"] == md.version("megatron-core")
+    assert "megatron_bridge" in res["evidence"]["versions_unknown"]
+    assert "Versions unknown" in res["markdown"] and "megatron_bridge" in res["markdown"]
     err, cmp, text = await call(client, "compare_benchmarks", {"run_a": runs[0],
                                                               "run_b": runs[1]})
     assert not err, text

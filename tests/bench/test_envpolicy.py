@@ -52,7 +52,8 @@ LAUNCH_NAMES = ["NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_PROTO", "NCCL_MIN_NCHAN
                 "NVSHMEM_IBGDA_NUM_RC_PER_PE", "NVSHMEM_DISABLE_CUDA_VMM",
                 "CUBLASLT_WORKSPACE_SIZE", "PYTORCH_ALLOC_CONF", "OMP_NUM_THREADS",
                 "CUDA_VISIBLE_DEVICES", "CUDA_MODULE_LOADING", "CUDA_LAUNCH_BLOCKING",
-                "NVIDIA_TF32_OVERRIDE", "UB_SKIPMC"]
+                "NVIDIA_TF32_OVERRIDE", "UB_SKIPMC", "NVTE_DPA_FP8CS_O_in_F16",
+                "TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK"]
 
 EOS = load_profile({"name": "eos", "executor": "slurm", "partition": "batch",
                     "gpus_per_node": 8})
@@ -104,7 +105,9 @@ BLOCKED = {
                         "NCCL_GRAPH_DUMP_FILE", "NCCL_SOCKET_IFNAME", "NCCL_OOB_NET_IFNAME",
                         "NCCL_IB_HCA", "NCCL_COMM_ID", "NCCL_HOSTID", "NCCL_RAS_ADDR",
                         "NCCL_SOCKET_FAMILY", "NCCL_IB_ADDR_RANGE", "NCCL_IB_GID_INDEX",
-                        "NCCL_NET", "NCCL_FUTURE_THING_PATH", "NCCL_", "nccl_algo"],
+                        "NCCL_NET", "NCCL_FUTURE_THING_PATH", "NCCL_", "nccl_algo",
+                        "NCCL_PROXY_PROFILE", "NCCL_TUNER_CONFIG_FILE",
+                        "TORCH_NCCL_SOME_HOOK"],
     "other family exclusions": ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
                                 "TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "NVSHMEM_BOOTSTRAP",
                                 "NVSHMEM_BOOTSTRAP_PLUGIN", "NVSHMEM_BOOTSTRAP_UID_SESSION_ID",

@@ -275,3 +275,39 @@ def test_a_profile_env_cannot_move_the_rendezvous(tmp_path: Path) -> None:
     assert argv[:4] == ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node1:29500",
                         "--rdzv-id=77"], argv
     assert "attacker" not in res.stdout
+
+
+# ------------------------------------------------------------------ versions (issue 23)
+
+def test_the_job_reports_its_library_versions_into_the_contract(tmp_path: Path) -> None:
+    """The script prints the versions the job's Python has installed (where it trains: its
+    torchrun's interpreter); the result fills the contract's unrecorded versions from that
+    line, keeps what was given, and names what stays unknown."""
+    import importlib.metadata as md
+
+    from mbridge_perf.bench import service
+    from mbridge_perf.bench.contract import MeasurementContract
+
+    prof = load_profile({"name": "echo", "executor": "local", "launcher": "cpu-gpt",
+                         "nproc_per_node": 1, "torchrun": [sys.executable, "-c", ECHO],
+                         "log_dir": str(tmp_path / "runs")})
+    reg = Registry(tmp_path / "runs.sqlite3")
+    run = wait_run(reg, submit_run(reg, cfg(), prof, steps=3).id, timeout_s=60, poll_s=0.1)
+    log = Path(run.log_path or "")
+    line = next(x for x in log.read_text().splitlines() if x.startswith("mbridge-perf versions:"))
+    reported = service.reported_versions(log)
+    assert reported["torch"] == md.version("torch") and reported["torch"] in line
+    handle = service.submit(cfg(), load_profile({**EOS, "container_image": "nvcr.io/x:1"}),
+                            recipe="r", versions={"megatron_core": "given"})
+    contract = MeasurementContract.model_validate(handle.contract)
+    filled, _ = service.with_reported_versions(contract, log)
+    assert filled.versions.torch == md.version("torch")
+    assert filled.versions.megatron_core == "given" and filled.versions.container == "nvcr.io/x:1"
+    assert filled.versions.megatron_bridge is None  # not installed here: stays unknown
+    forged = tmp_path / "forged.log"  # junk values never land in a contract
+    forged.write_text('mbridge-perf versions: {"torch": "$(reboot)", "container": "x", '
+                      '"shell": "1", "nccl": "2.27.3"}\n')
+    assert service.reported_versions(forged) == {"nccl": "2.27.3"}
+    (tmp_path / "bad.log").write_text("mbridge-perf versions: [1, 2\n")
+    assert service.reported_versions(tmp_path / "bad.log") == {}
+    assert service.reported_versions(tmp_path / "missing.log") == {}

@@ -58,6 +58,9 @@ ALLOWED_NAMES: dict[str, str] = {
     "CUDA_MANAGED_FORCE_DEVICE_ALLOC": "managed memory placement",
     "CUDA_GRAPHS_USE_NODE_PRIORITY": "CUDA graph node priorities",
     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "MPS SM share",
+    # a family member whose name has a word _STRUCTURAL refuses, but which only switches a
+    # built-in behaviour on (no code or file is named)
+    "TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK": "NCCL buffer registration of allocations",
     # TF32 and cuDNN
     "NVIDIA_TF32_OVERRIDE": "TF32 math on or off",
     "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "TF32 in cuBLAS matmuls",
@@ -105,6 +108,7 @@ FAMILY_EXCLUDED: dict[str, str] = {
     "NCCL_NET": "chooses the network transport by name (IB, Socket or a plugin's name): "
                 "cluster wiring",
     "NCCL_CONF_FILE": "names a file NCCL reads more settings from",
+    "NCCL_PROXY_PROFILE": "names the file NCCL's proxy profiler writes",
     "NVSHMEM_BOOTSTRAP": "chooses how NVSHMEM ranks find each other (a plugin, MPI, a host:port)",
     "NVSHMEM_REMOTE_TRANSPORT": "names the transport library NVSHMEM loads",
     "NVSHMEM_LIBFABRIC_PROVIDER": "names the libfabric provider NVSHMEM loads",

@@ -26,6 +26,7 @@ TP/SP/DP layout the config gives.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shlex
@@ -349,6 +350,47 @@ def _launch_block(profile: ClusterProfile, nodes: int) -> list[str]:
     return body
 
 
+VERSIONS_PREFIX = "mbridge-perf versions: "
+# Distribution names per contract version key, first installed one wins (metadata only: no
+# import of torch, so the probe costs a fraction of a second).
+_VERSION_DISTS = {
+    "torch": ["torch"],
+    "megatron_core": ["megatron-core", "megatron_core"],
+    "megatron_bridge": ["megatron-bridge", "megatron_bridge"],
+    "transformer_engine": ["transformer-engine", "transformer_engine", "transformer-engine-cu12",
+                           "transformer-engine-torch"],
+    "nccl": ["nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl"],
+    "cuda": ["nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime"],
+}
+_VERSIONS_PY = (
+    "import importlib.metadata as m, json\n"
+    f"out = {{}}\nfor key, dists in {json.dumps(_VERSION_DISTS)}.items():\n"
+    "    for d in dists:\n"
+    "        try:\n            out[key] = m.version(d)\n            break\n"
+    "        except Exception:\n            pass\n"
+    f"print({json.dumps(VERSIONS_PREFIX)} + json.dumps(out, sort_keys=True), flush=True)\n")
+
+
+def _job_python(profile: ClusterProfile) -> str:
+    """The interpreter next to the profile's torchrun (the one training imports from)."""
+    first = profile.torchrun[0] if profile.torchrun else "torchrun"
+    name = first.rsplit("/", 1)[-1]
+    if name.startswith("python"):
+        return first
+    if "/" in first and name.startswith("torchrun"):
+        return first.rsplit("/", 1)[0] + "/python"
+    return "python3"
+
+
+def _versions_probe(profile: ClusterProfile) -> list[str]:
+    """One line with the library versions the job's Python has installed (where the training
+    runs: inside the container under Slurm); benchmark_result reads it into the contract.
+    Never fails the job."""
+    return ["", "# versions: what the job's Python has installed (read into the contract)",
+            f'"${{launch[@]}}" {q(_job_python(profile))} -c {q(_VERSIONS_PY)} 2>/dev/null '
+            f"| head -n 1 || echo {q(VERSIONS_PREFIX + '{}')}"]
+
+
 def _command_block(profile: ClusterProfile, train_cmd: list[str]) -> list[str]:
     """The torchrun command (one option per line), echoed quoted, then run."""
     return [
@@ -375,5 +417,6 @@ def render_script(cfg: TrainingConfig, profile: ClusterProfile, *, run_id: str, 
     env = job_env(cfg, profile)
     head = _sbatch_header(profile, run_id=run_id, log_path=log_path, nodes=nodes)
     body = [*_preamble(profile, run_id=run_id, log_path=log_path, steps=steps, env=env),
-            *_launch_block(profile, nodes), *_command_block(profile, train_cmd)]
+            *_launch_block(profile, nodes), *_versions_probe(profile),
+            *_command_block(profile, train_cmd)]
     return "\n".join(head + body)

@@ -8,6 +8,7 @@ registry, so any process — a restarted server, the CLI — can pick a run up a
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -16,13 +17,19 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from mbridge_perf.bench.contract import Job, MeasurementContract, contract_from_config
+from mbridge_perf.bench.contract import (
+    VERSION_KEYS,
+    Job,
+    MeasurementContract,
+    Versions,
+    contract_from_config,
+)
 from mbridge_perf.bench.envpolicy import EnvPolicyError, check_env
 from mbridge_perf.bench.executors import cancel_run, refresh_run, submit_run
-from mbridge_perf.bench.launch import job_env, render_script
+from mbridge_perf.bench.launch import VERSIONS_PREFIX, job_env, render_script
 from mbridge_perf.bench.logparse import parse_iteration_line, parse_log, read_tail
 from mbridge_perf.bench.profile import ClusterProfile, ProfileError, builtin_profiles, load_profile
-from mbridge_perf.bench.registry import Registry, RunNotFound, RunRecord
+from mbridge_perf.bench.registry import Registry, RegistryError, RunNotFound, RunRecord
 from mbridge_perf.bench.reports import RunComparison, RunHandle, RunResult, RunStatus
 from mbridge_perf.bench.result import (
     compare,
@@ -150,6 +157,8 @@ def submit(cfg: TrainingConfig, profile: ClusterProfile, *, registry: Registry |
     try:
         run = submit_run(reg, cfg, profile, recipe=recipe, steps=n,
                          contract=contract.model_dump(mode="json"))
+    except RegistryError:  # already one line naming the registry file
+        raise
     except ValueError as exc:
         raise BenchError(f"launch: {exc}") from None
     except RuntimeError as exc:  # SubmitError: the executor refused; the run is recorded
@@ -208,13 +217,59 @@ def result(run_id: str, *, registry: Registry | None = None,
     if not run.log_path or not Path(run.log_path).is_file():
         raise BenchError(f"run_id: run {run_id} ({run.state}) left no log at {run.log_path}: "
                          f"{run.message}")
-    contract = MeasurementContract.model_validate(run.contract)
+    contract, reported = with_reported_versions(
+        MeasurementContract.model_validate(run.contract), run.log_path)
     judged = evaluate_run(parse_log(run.log_path), contract, golden_tflops=golden_tflops,
                           regression_pct=regression_pct, exit_code=run.exit_code)
     reg.set_result(run.id, judged.model_dump(mode="json"))
-    return RunResult(run_id=run.id, state=run.state, result=judged,
-                     evidence=evidence_bundle(judged, contract),
-                     markdown=render_markdown(judged, contract))
+    unknown = [k for k, v in contract.versions.model_dump().items() if v is None]
+    evidence = {**evidence_bundle(judged, contract), "versions_reported": reported,
+                "versions_unknown": unknown}
+    markdown = render_markdown(judged, contract)
+    if unknown:
+        markdown += ("\n\nVersions unknown (the run did not report them and none were given): "
+                     + ", ".join(unknown) + "\n")
+    return RunResult(run_id=run.id, state=run.state, result=judged, evidence=evidence,
+                     markdown=markdown)
+
+
+_VERSION_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_\-:]{0,63}")
+HEAD_BYTES = 1 << 20
+
+
+def reported_versions(log_path: str | Path) -> dict[str, str]:
+    """The library versions the job's Python reported (the launch script's
+    ``mbridge-perf versions: {json}`` line near the top of the log); {} when there is none."""
+    try:
+        with open(log_path, "rb") as fh:
+            head = fh.read(HEAD_BYTES)
+    except OSError:
+        return {}
+    prefix = VERSIONS_PREFIX.encode()
+    for line in head.splitlines():
+        if not line.startswith(prefix):
+            continue
+        try:
+            data = json.loads(line[len(prefix):])
+        except ValueError:
+            return {}
+        if not isinstance(data, dict):
+            return {}
+        return {k: v for k, v in data.items() if k in VERSION_KEYS and k != "container"
+                and isinstance(v, str) and _VERSION_VALUE.fullmatch(v)}
+    return {}
+
+
+def with_reported_versions(contract: MeasurementContract, log_path: str | Path
+                           ) -> tuple[MeasurementContract, dict[str, str]]:
+    """The contract with each version it did not record filled from what the run reported
+    (a version given at submit or the profile's container stays as given)."""
+    reported = reported_versions(log_path)
+    given = contract.versions.model_dump()
+    merged = {k: given[k] if given[k] is not None else reported.get(k) for k in given}
+    if merged == given:
+        return contract, reported
+    return contract.model_copy(update={"versions": Versions(**merged)}), reported
 
 
 def cancel(run_id: str, *, registry: Registry | None = None) -> RunStatus:
@@ -239,10 +294,28 @@ def compare_runs(run_a: str, run_b: str, *, registry: Registry | None = None
     return RunComparison(a=run_a, b=run_b, comparison=compare(pairs[0], pairs[1]))
 
 
+def _unreadable(run_id: str, why: str) -> RunStatus:
+    """A registry row that cannot be read, named in the listing instead of breaking it."""
+    return RunStatus(run_id=run_id, state="unknown", terminal=False, executor="?",
+                     external_id=None, exit_code=None, last_iteration=None, steps=None,
+                     progress_pct=None, message=why, log_path=None, created_at="",
+                     updated_at="")
+
+
 def list_runs(*, registry: Registry | None = None, state: str | None = None,
               limit: int = 20) -> list[RunStatus]:
+    """Runs, newest first; a row that cannot be read is listed by id with the reason (and
+    how to remove it) instead of hiding every other run."""
     reg = registry or Registry()
-    return [_status(r) for r in reg.list(state=state, limit=limit)]
+    skipped: list[tuple[str, str]] = []
+    out = []
+    for run in reg.list(state=state, limit=limit, skipped=skipped):  # type: ignore[arg-type]
+        try:
+            out.append(_status(run))
+        except (ValueError, TypeError, AttributeError, OSError) as exc:  # odd stored contract
+            out.append(_unreadable(run.id, f"registry: run {run.id!r} cannot be shown "
+                                           f"({type(exc).__name__}); it is skipped"))
+    return out + [_unreadable(rid, why) for rid, why in skipped]
 
 
 def parse(log: str | Path, *, window: tuple[int, int] = (41, 50),

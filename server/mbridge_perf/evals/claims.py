@@ -51,9 +51,10 @@ _FIRST_CUE = re.compile(
     r"|\bfirst(?= ?(?:[.;!:)]|$| and | then | before ))|\bstart (?:with|by)\b|\bquickest\b"
     r"|\bfastest fix\b|\bgo straight\b|\bstraight to\b|\bbefore anything\b|\bstep 1\b"
     r"|\bright away\b|\bimmediately\b")
-# An action is advice when its sentence tells the reader to do something.
+# An action is advice when its sentence tells the reader to do something (a row of a table of
+# levers counts: its negative rows carry their own cues, "✗", "not at PP=8").
 _ADVICE = re.compile(
-    r"(?:^(?:\d+[.)] ?)?(?:\w+[:.,] )?|[,:;] )(?:set|use|enable|add|switch|turn|go|move|raise|"
+    r"^\||(?:^(?:\d+[.)] ?)?(?:\w+[:.,] )?|[,:;] )(?:set|use|enable|add|switch|turn|go|move|raise|"
     r"increase|double|bump|try|apply|start|prefer|put|export|change|make|lower|reduce|flip|"
     r"jump|give|bring|run|offload|push|keep|recompute|shard|split|pin|drop|cut|combine|"
     r"bundle|merge|stack)\b"

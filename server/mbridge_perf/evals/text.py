@@ -51,11 +51,25 @@ def _way_one(m: re.Match[str]) -> str:
     return f"{m.group(3)}={m.group(4)}"
 
 
+# Contractions before the apostrophes go: "isn't" -> "is not", "can't" -> "cannot".
+_NOT = re.compile(r"\b(?:(can|won|shan|ain)|(\w+)n)['’]t\b")
+_NOT_IRREGULAR = {"ca": "cannot", "wo": "will not", "sha": "shall not", "ai": "is not",
+                  "can": "cannot", "won": "will not", "shan": "shall not", "ain": "is not"}
+
+
+def _not(m: re.Match[str]) -> str:
+    if m.group(1):
+        return _NOT_IRREGULAR[m.group(1)]
+    stem = m.group(2)
+    return _NOT_IRREGULAR.get(stem, f"{stem} not")
+
+
 def normalise(text: str) -> str:
     """Lower-case, drop quotes and emphasis, one space per run of white space, one spelling per
     parallel size and size change (TP 4→8, "from 4 to 8", "4-way → 8-way" all read
     ``tp=4 -> tp=8``), percentages as ``28%``, flags as flag=v."""
-    s = _SPACE.sub(" ", _DROP.sub("", text.lower()))
+    s = _NOT.sub(_not, text.lower())
+    s = _SPACE.sub(" ", _DROP.sub("", s))
     s = _PERCENT.sub(r"\1%", _MINUS.sub("-", s))
     s = _ARROW.sub(" -> ", s)
     for rx, tok in _SIZE_RE:

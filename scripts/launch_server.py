@@ -238,9 +238,14 @@ def main(argv: list[str]) -> None:
         except OSError as exc:
             fail(f"cannot create the data folder {folder}: {exc.strerror}; set "
                  "MBRIDGE_PERF_DATA to a writable folder")
-        with install_lock(folder):
-            if not installed(venv, key):  # another start may have finished meanwhile
-                install(venv, key, timeout_s)
+        try:
+            with install_lock(folder):
+                if not installed(venv, key):  # another start may have finished meanwhile
+                    install(venv, key, timeout_s)
+        except OSError as exc:  # the lock, the log or the stamp cannot be written
+            fail(f"cannot write in the data folder {folder}: "
+                 f"{exc.filename or ''}: {exc.strerror or type(exc).__name__}; set "
+                 "MBRIDGE_PERF_DATA to a writable folder")
     if prepare:
         return
     server = venv_bin(venv, "mbridge-perf")

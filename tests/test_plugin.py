@@ -327,3 +327,12 @@ def test_a_bad_install_timeout_is_one_line(tmp_path: Path, value: str) -> None:
     assert proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(f"mbridge-perf: error: MBRIDGE_PERF_INSTALL_TIMEOUT={value!r}")
     assert pip_calls(data) == 0
+
+
+def test_an_unwritable_data_folder_is_one_line(tmp_path: Path) -> None:
+    root, data = stub_plugin(tmp_path)
+    (data / "install.lock").mkdir()  # the lock cannot be opened for writing
+    proc = prepare(root, data)
+    assert proc.returncode == 1 and proc.stdout == "" and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith(f"mbridge-perf: error: cannot write in the data folder {data}")
+    assert "Traceback" not in proc.stderr

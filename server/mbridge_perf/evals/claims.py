@@ -61,8 +61,8 @@ _ADVICE = re.compile(
     r"|\b(?:should|must|recommend\w*|suggest\w*|i'd|i would|let's|you can|"
     r"you could|need to|go straight|straight to|first step|start with|start by|the fix is|"
     r"answer is|best (?:fix|option|lever)|quickest|fastest|easiest|cheapest|simplest|would be|"
-    r"my first|first move|go for|opt for|pick|choose|turn on|consider|worth (?:trying|enabling)|"
-    r"the way to go|you'll want|you want to|we'd|plan)\b")
+    r"my first|first move|first thing|would try|go for|opt for|pick|choose|turn on|consider|"
+    r"worth (?:trying|enabling)|we would|you will want|the way to go|you want to|plan)\b")
 # "Recompute: full, recompute_granularity=full" — a terse label line is advice for what follows
 # its colon closely.
 _LABEL_LEAD = re.compile(r"^(?:\d+[.)] ?)?[a-z][\w /-]{0,30}: ")

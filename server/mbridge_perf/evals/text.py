@@ -64,11 +64,22 @@ def _not(m: re.Match[str]) -> str:
     return _NOT_IRREGULAR.get(stem, f"{stem} not")
 
 
+_CONTRACTION = re.compile(r"\b(i|we|you|they|he|she|it|that|there|let)['’](d|ll|s|re|ve|m)\b")
+_EXPAND = {"d": "would", "ll": "will", "re": "are", "ve": "have", "m": "am"}
+
+
+def _contraction(m: re.Match[str]) -> str:
+    who, tail = m.group(1), m.group(2)
+    if tail == "s":
+        return "let us" if who == "let" else f"{who} is"
+    return f"{who} {_EXPAND[tail]}"
+
+
 def normalise(text: str) -> str:
     """Lower-case, drop quotes and emphasis, one space per run of white space, one spelling per
     parallel size and size change (TP 4→8, "from 4 to 8", "4-way → 8-way" all read
     ``tp=4 -> tp=8``), percentages as ``28%``, flags as flag=v."""
-    s = _NOT.sub(_not, text.lower())
+    s = _CONTRACTION.sub(_contraction, _NOT.sub(_not, text.lower()))
     s = _SPACE.sub(" ", _DROP.sub("", s))
     s = _PERCENT.sub(r"\1%", _MINUS.sub("-", s))
     s = _ARROW.sub(" -> ", s)

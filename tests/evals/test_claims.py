@@ -198,3 +198,30 @@ def test_a_200kb_adversarial_answer_grades(tmp_path: Any) -> None:
     text = ("- " * 2000 + "raise TP 4→8 first" + " " * 3000 + "\n") * 30
     grade = skill_grade(MEMORY, text[:200_000])
     assert not grade.passed
+
+
+def test_misconception_patterns_stay_bounded() -> None:
+    """Every scan linear: no unbounded wildcard runs in a card's regexes (a `[^.;]*` would make
+    each start position scan to the end of the unit)."""
+    unbounded = re.compile(r"\[\^[^\]]*\][*+]|\.[*+]")
+    for skill in SKILLS:
+        for m in card(skill).get("misconceptions", []):
+            for rx in [*m["match"], *m.get("unless", []), *m.get("context", []),
+                       *m.get("first_among", [])]:
+                assert not unbounded.search(rx), (skill, m["id"], rx)
+
+
+def test_the_agreement_split_is_fixed_and_balanced() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "grader_agreement", REPO / "benchmarks" / "grader_agreement.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if not mod.DEFAULT_DATA.is_dir():
+        pytest.skip("no ../shared/data/evals-dev here")
+    halves = mod.split(mod.DEFAULT_DATA)
+    assert len(halves["dev"]) == len(halves["measured"]) == 24
+    assert not set(halves["dev"]) & set(halves["measured"])
+    assert halves == mod.split(mod.DEFAULT_DATA)

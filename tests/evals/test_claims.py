@@ -125,7 +125,7 @@ def test_uniform_first_layer_and_cpu_offload_at_pp4_fail() -> None:
 
 def test_do_not_trade_dp_for_pp_is_not_advice_to_raise_pp() -> None:
     text = "Do not trade DP for PP: PP 4→8 halves DP and cost 5.9 %."
-    from mbridge_perf.evals.checks import recommended
+    from mbridge_perf.evals.matching import recommended
     assert not recommended(parse_answer(text).units, "PP=8")
     assert "pp-raise-first" not in found(MEMORY, text)
 

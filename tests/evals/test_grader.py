@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from mbridge_perf.evals.answer import parse_answer
-from mbridge_perf.evals.checks import recommended
 from mbridge_perf.evals.grade import grade_case, grade_skill
+from mbridge_perf.evals.matching import recommended
 from mbridge_perf.skillpack.pack import get_skill
 
 from helpers import REPO

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from mbridge_perf.evals.answer import parse_answer
-from mbridge_perf.evals.checks import find_any, recommended
+from mbridge_perf.evals.keys import is_known_key
+from mbridge_perf.evals.matching import find_any, recommended
 from mbridge_perf.evals.text import normalise
-from mbridge_perf.evals.vocab import is_known_key, synonyms
+from mbridge_perf.evals.vocab import synonyms
 
 
 @pytest.mark.parametrize("text", [

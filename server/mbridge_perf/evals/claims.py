@@ -37,6 +37,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from mbridge_perf.evals.matching import recommended
 from mbridge_perf.evals.text import Unit, clip, is_negated, is_recommended
 
 _CORRECTION = re.compile(
@@ -233,8 +234,6 @@ def _first_action(units: list[Unit], items: tuple[Misconception, ...],
                   terms: list[str]) -> tuple[Unit | None, int]:
     """The first unit (late advice last) that recommends anything, and where in it the first
     recommendation starts. One pass over the answer per term."""
-    from mbridge_perf.evals.checks import recommended
-
     firsts = [m for m in items if m.first]
     if not firsts:
         return None, 0

@@ -55,6 +55,12 @@ def allowlist() -> Allowlist:
     return Allowlist(sections, fields, enums)
 
 
+def is_known_key(name: str) -> bool:
+    """A Megatron Bridge config field, section, perf-harness flag or our tools' argument."""
+    al = allowlist()
+    return name in al.fields or name in al.sections
+
+
 @dataclass(frozen=True)
 class BadKey:
     what: str

@@ -4,7 +4,7 @@ be spelled in an answer.
 - Parallel sizes: every spelling ("tensor-parallel degree 8", "TP=8", "TP8", "8-way TP",
   ``tensor_model_parallel_size=8``) normalises to one token (``tp=8``), see ``SIZES``.
 - Config keys: Megatron Bridge's known fields (``config/known_fields.json``) and sections, the
-  perf-harness flags and the label sets (``evals.keys.allowlist``): ``is_known_key``.
+  perf-harness flags and the label sets: ``evals.keys.is_known_key``.
 - Phrases: the words a checklist item or a misconception is matched on, with the other ways
   people say the same thing (``synonyms``). A synonym starting with ``re:`` is a regular
   expression over normalised text (lower case, one space, sizes as ``tp=8``); every other one is
@@ -76,11 +76,3 @@ SYNONYMS: dict[str, list[str]] = {
 def synonyms(term: str) -> list[str]:
     """The other spellings of a checklist or claim term (empty when it has none)."""
     return SYNONYMS.get(" ".join(term.lower().replace("_", " ").split()), [])
-
-
-def is_known_key(name: str) -> bool:
-    """A Megatron Bridge config field, section, perf-harness flag or our tools' argument."""
-    from mbridge_perf.evals.keys import allowlist
-
-    al = allowlist()
-    return name in al.fields or name in al.sections

@@ -277,8 +277,38 @@ def predict_step_time_s(cfg: TrainingConfig | Derived, *, gpu: str | GPUSpec | N
     return _estimate(cfg, gpu, calibration, report=False)  # type: ignore[return-value]
 
 
-def _estimate(cfg: TrainingConfig | Derived, gpu: str | GPUSpec | None,
-              calibration: Calibration | None, *, report: bool) -> StepTimeReport | float:
+@dataclass(slots=True)
+class _Ctx:
+    """What every phase of one estimate reads: the resolved view, the GPU, the calibration,
+    the work per layer and the rates and volumes per micro-batch."""
+
+    d: Derived
+    spec: GPUSpec
+    cal: Calibration
+    work: ModelWork
+    prec: str
+    peak: float
+    eff: float
+    gemm_rate: float
+    group_rate: float
+    attn_rate: float
+    ssm_rate: float
+    hbm: float
+    tok: float
+    tok_cp: float
+    act: float
+    tp_bw: float
+    cp_bw: float
+    ep_bw: float
+    pp_bw: float
+    ep_exp: float
+    overhead: float
+    chunk_len: int
+
+
+def _setup(cfg: TrainingConfig | Derived, gpu: str | GPUSpec | None,
+           calibration: Calibration | None) -> _Ctx:
+    """Phase 1: the inputs checked and the rates of this GPU, precision and calibration."""
     d = cfg if isinstance(cfg, Derived) else derive(cfg)
     cal = calibration or load_calibration()
     spec = gpu if isinstance(gpu, GPUSpec) else (lookup_gpu(gpu) if gpu else d.gpu)
@@ -286,131 +316,138 @@ def _estimate(cfg: TrainingConfig | Derived, gpu: str | GPUSpec | None,
         raise ConfigError("cluster.gpu", "set the GPU (cluster.gpu or --gpu) to estimate the "
                                          "step time")
     m, t = d.cfg.model, d.cfg.train
-    world, dp, mb = d.world_size, d.dp, d.num_microbatches
-    if world is None or dp is None or mb is None or not t.global_batch_size:
+    if d.world_size is None or d.dp is None or d.num_microbatches is None \
+            or not t.global_batch_size:
         raise ConfigError("cluster.num_gpus", "the GPU count, global batch and micro-batch "
                                               "size must divide into whole micro-batches")
     seq = m.seq_length
     if not seq or not m.hidden_size:
         raise ConfigError("model.seq_length", "needs the sequence length and model width")
-    tp, pp, cp, ep, etp, vpp = d.tp, d.pp, d.cp, d.ep, d.etp, d.vpp
-    mbs, h = t.micro_batch_size, m.hidden_size
-    work = model_work(m, seq)
     prec = _precision(d)
     peak = _peak(spec, prec)
     peak_bf16 = spec.bf16_dense_tflops * 1e12  # type: ignore[operator]
     g = cal.gen(generation(spec))
     eff = {"bf16": g.gemm_eff_bf16, "fp8": g.gemm_eff_fp8, "fp4": g.gemm_eff_fp4}[prec]
-    gemm_rate = peak * eff
-    group_rate = gemm_rate * cal.grouped_gemm_factor
-    attn_rate = peak_bf16 * cal.attn_eff
-    ssm_rate = peak_bf16 * cal.ssm_eff
-    hbm = (spec.hbm_tb_s or 3.0) * 1e12 * cal.hbm_eff
-    tok = mbs * seq / (tp * cp)  # tokens per GPU per micro-batch (dense compute share)
-    tok_cp = mbs * seq / cp  # tokens of the CP rank (TP group shares them)
-    act = tok_cp * h * ACT_BYTES
-
-    tp_bw = _bw(spec, tp, cal)
-    cp_bw = _bw(spec, tp * cp, cal)
-    ep_bw = _bw(spec, ep * etp, cal)
-    pp_bw = _bw(spec, world, cal)
+    tok_cp = t.micro_batch_size * seq / d.cp  # tokens of the CP rank (TP group shares them)
     ep_overlap = bool(d.cfg.overlap.overlap_moe_expert_parallel_comm
                       or opt_field(m, "overlap_moe_expert_parallel_comm", False))
-    ep_exp = cal.ep_exposed * (cal.ep_overlap_flag_factor if ep_overlap else 1.0)
-    overhead = cal.layer_overhead_us * 1e-6 * (cal.graph_overhead_factor if d.graphs.on
-                                               else 1.0)
-    stages = _stage_layers(d, len(work.layers))
-    chunk_len = max(1, max(max(c) for c in d.layers_per_chunk or [[1]]))
+    return _Ctx(
+        d=d, spec=spec, cal=cal, work=model_work(m, seq), prec=prec, peak=peak, eff=eff,
+        gemm_rate=peak * eff, group_rate=peak * eff * cal.grouped_gemm_factor,
+        attn_rate=peak_bf16 * cal.attn_eff, ssm_rate=peak_bf16 * cal.ssm_eff,
+        hbm=(spec.hbm_tb_s or 3.0) * 1e12 * cal.hbm_eff, tok=tok_cp / d.tp, tok_cp=tok_cp,
+        act=tok_cp * m.hidden_size * ACT_BYTES, tp_bw=_bw(spec, d.tp, cal),
+        cp_bw=_bw(spec, d.tp * d.cp, cal), ep_bw=_bw(spec, d.ep * d.etp, cal),
+        pp_bw=_bw(spec, d.world_size, cal),
+        ep_exp=cal.ep_exposed * (cal.ep_overlap_flag_factor if ep_overlap else 1.0),
+        overhead=cal.layer_overhead_us * 1e-6 * (cal.graph_overhead_factor if d.graphs.on
+                                                 else 1.0),
+        chunk_len=max(1, max(max(c) for c in d.layers_per_chunk or [[1]])))
 
+
+def _layer_terms(c: _Ctx, lw: LayerWork, n: int, terms: dict[str, float]) -> None:
+    """Phase 2a: one kind of layer, ``n`` of them, into the stage's per-micro-batch terms."""
+    d, cal, tok, h = c.d, c.cal, c.tok, c.d.cfg.model.hidden_size or 0
+    # GEMM-size efficiency: a layer's typical GEMM (forward, one of ~4 projections)
+    f_gemm = tok * (lw.attn_linear + lw.dense_mlp) / 12
+    size_eff = f_gemm / (f_gemm + cal.gemm_half_flops) if f_gemm > 0 else 1.0
+    t_lin = tok * (lw.attn_linear + lw.dense_mlp) / (c.gemm_rate * size_eff)
+    t_core = tok * lw.attn_core / c.attn_rate
+    t_exp = tok * lw.experts / c.group_rate
+    terms["compute"] += n * (t_lin + t_core + t_exp + tok * lw.ssm_core / c.ssm_rate)
+    t_mem = tok * h * MEM_BYTES_PER_TOKEN_H * (3 if lw.moe else 1) / c.hbm
+    terms["memory"] += n * t_mem
+    fa, fc, fm, fe, fmem = _recompute_share(d, lw, c.chunk_len)
+    terms["recompute"] += n * (fa * tok * lw.attn_linear / c.gemm_rate + fc * t_core
+                               + fm * tok * lw.dense_mlp / c.gemm_rate + fe * t_exp
+                               + fmem * t_mem) / 3.0
+    if d.tp > 1:
+        n_coll = (4 if lw.attention or lw.attn_linear else 0) + 4
+        terms["tp"] += n * n_coll * (d.tp - 1) / d.tp * c.act / c.tp_bw * cal.tp_exposed
+    if d.cp > 1 and lw.attention:
+        kv = c.tok_cp * c.work.kv_dim * ACT_BYTES / d.tp
+        terms["cp"] += n * 3 * (d.cp - 1) * kv / c.cp_bw * cal.cp_exposed
+    if lw.moe and d.ep > 1:
+        topk = d.cfg.model.moe_router_topk or 1
+        vol = 4 * (c.tok_cp / d.tp) * topk * h * ACT_BYTES * (d.ep - 1) / d.ep
+        terms["ep"] += n * vol / c.ep_bw * c.ep_exp
+    terms["other"] += n * c.overhead
+
+
+def _slowest_stage(c: _Ctx) -> tuple[float, dict[str, float]]:
+    """Phase 2: per micro-batch, every stage's time by term; the slowest stage sets the pace."""
+    d, work = c.d, c.work
     best: tuple[float, dict[str, float]] | None = None
-    stage_kinds = _stage_kinds(work, stages)
-    for s, kinds in enumerate(stage_kinds):
+    for s, kinds in enumerate(_stage_kinds(work, _stage_layers(d, len(work.layers)))):
         terms = dict.fromkeys(("compute", "memory", "recompute", "tp", "cp", "ep", "pp",
                                "other"), 0.0)
         for lw, n in kinds:
-            # GEMM-size efficiency: a layer's typical GEMM (forward, one of ~4 projections)
-            f_gemm = tok * (lw.attn_linear + lw.dense_mlp) / 12
-            size_eff = f_gemm / (f_gemm + cal.gemm_half_flops) if f_gemm > 0 else 1.0
-            t_lin = tok * (lw.attn_linear + lw.dense_mlp) / (gemm_rate * size_eff)
-            t_core = tok * lw.attn_core / attn_rate
-            t_exp = tok * lw.experts / group_rate
-            terms["compute"] += n * (t_lin + t_core + t_exp + tok * lw.ssm_core / ssm_rate)
-            t_mem = tok * h * MEM_BYTES_PER_TOKEN_H * (3 if lw.moe else 1) / hbm
-            terms["memory"] += n * t_mem
-            fa, fc, fm, fe, fmem = _recompute_share(d, lw, chunk_len)
-            terms["recompute"] += n * (fa * tok * lw.attn_linear / gemm_rate + fc * t_core
-                                       + fm * tok * lw.dense_mlp / gemm_rate + fe * t_exp
-                                       + fmem * t_mem) / 3.0
-            if tp > 1:
-                n_coll = (4 if lw.attention or lw.attn_linear else 0) + 4
-                terms["tp"] += n * n_coll * (tp - 1) / tp * act / tp_bw * cal.tp_exposed
-            if cp > 1 and lw.attention:
-                kv = tok_cp * work.kv_dim * ACT_BYTES / tp
-                terms["cp"] += n * 3 * (cp - 1) * kv / cp_bw * cal.cp_exposed
-            if lw.moe and ep > 1:
-                vol = 4 * (tok_cp / tp) * m.moe_router_topk * h * ACT_BYTES * (ep - 1) / ep
-                terms["ep"] += n * vol / ep_bw * ep_exp
-            terms["other"] += n * overhead
-        if s == pp - 1:
-            terms["compute"] += tok * (work.logits + work.mtp) / gemm_rate
-        if pp > 1:
-            terms["pp"] += 2 * vpp * (act / tp) / pp_bw * cal.pp_exposed
+            _layer_terms(c, lw, n, terms)
+        if s == d.pp - 1:
+            terms["compute"] += c.tok * (work.logits + work.mtp) / c.gemm_rate
+        if d.pp > 1:
+            terms["pp"] += 2 * d.vpp * (c.act / d.tp) / c.pp_bw * c.cal.pp_exposed
         total = sum(terms.values())
         if best is None or total > best[0]:
             best = (total, terms)
     assert best is not None
-    t_stage, per_mb = best
+    return best
 
-    # DP/EDP: gradient reduce-scatter (all-reduce without the distributed optimizer) and
-    # parameter all-gather, once per step
+
+def _step_extras(c: _Ctx) -> tuple[float, float]:
+    """Phase 3: exposed DP/EDP communication (gradient reduce-scatter, or all-reduce without
+    the distributed optimizer, and parameter all-gather, once per step) and the optimizer."""
+    d, work, cal = c.d, c.work, c.cal
     p = d.precision
-    ddp = d.cfg.ddp
     grad_b = 4 if p.grad_reduce_in_fp32 else 2
     param_b = 1 if (p.fp8_param_gather or p.fp4) else 2
     dist = d.cfg.optimizer.use_distributed_optimizer
-    dense_local = work.dense_params / (tp * pp)
-    exp_local = work.expert_params / (ep * etp * pp)
-    edp = d.edp or dp
-    dpcp = dp * cp
+    dense_local = work.dense_params / (d.tp * d.pp)
+    exp_local = work.expert_params / (d.ep * d.etp * d.pp)
+    dp = d.dp or 1
+    edp, dpcp, span = d.edp or dp, dp * d.cp, (d.world_size or 1) // d.pp
 
-    def dp_time(params: float, n: int, span: int) -> float:
+    def dp_time(params: float, n: int) -> float:
         if n <= 1:
             return 0.0
         vol = params * (grad_b + param_b) * (n - 1) / n if dist else \
             params * grad_b * 2 * (n - 1) / n
-        return vol / _bw(spec, span, cal)
+        return vol / _bw(c.spec, span, cal)
 
-    dp_raw = dp_time(dense_local, dpcp, world // pp) + dp_time(exp_local, edp, world // pp)
-    dp_exp = dp_raw * (cal.dp_exposed if ddp.overlap_grad_reduce else 1.0)
+    dp_raw = dp_time(dense_local, dpcp) + dp_time(exp_local, edp)
+    dp_exp = dp_raw * (cal.dp_exposed if d.cfg.ddp.overlap_grad_reduce else 1.0)
     shard = (dense_local / dpcp + exp_local / edp) if dist else dense_local + exp_local
-    t_opt = shard * OPT_BYTES_PER_PARAM / hbm
+    return dp_exp, shard * OPT_BYTES_PER_PARAM / c.hbm
 
-    bubble = (pp - 1) / vpp * t_stage
-    step = mb * t_stage + bubble + dp_exp + t_opt
-    if not report:
-        return step
-    tokens = t.global_batch_size * seq
+
+_TERM_NAMES = {
+    "compute": ("compute", "GEMMs at the dense peak x calibrated efficiency x F/(F + "
+                           "gemm_half_flops) for the layer's GEMM size F, attention core "
+                           "at the BF16 peak x attn_eff, experts x grouped_gemm_factor"),
+    "memory": ("memory-bound ops", "norms/activations/dropout as bytes over HBM "
+                                   "bandwidth x hbm_eff"),
+    "recompute": ("recompute", "extra forward of the recomputed modules"),
+    "tp": ("exposed comm: TP", "AG/RS (or AR) per layer, NVLink when TP <= domain"),
+    "cp": ("exposed comm: CP", "ring K/V exchange per attention layer"),
+    "ep": ("exposed comm: EP", "dispatch+combine all-to-all per MoE layer, NVLink when "
+                               "EP x ETP <= domain, else one NIC per GPU"),
+    "pp": ("exposed comm: PP", "send/recv per chunk boundary"),
+    "other": ("other (host/launch)", "fixed overhead per layer and micro-batch, less "
+                                     "with CUDA graphs"),
+}
+
+
+def _report(c: _Ctx, step: float, per_mb: dict[str, float], bubble: float, dp_exp: float,
+            t_opt: float) -> StepTimeReport:
+    """Phase 4: the report: throughput in NVIDIA's model-FLOP convention, the breakdown."""
+    d, work, mb, world = c.d, c.work, c.d.num_microbatches or 1, c.d.world_size or 1
+    tokens = (d.cfg.train.global_batch_size or 0) * (d.cfg.model.seq_length or 0)
     per_token = sum(lw.attn_linear + lw.attn_core + lw.ssm_core + lw.dense_mlp + lw.experts
                     for lw in work.layers) + work.logits + work.mtp
     flops = per_token * tokens
     tflops = flops / step / world / 1e12
-    names = {
-        "compute": ("compute", "GEMMs at the dense peak x calibrated efficiency x F/(F + "
-                               "gemm_half_flops) for the layer's GEMM size F, attention core "
-                               "at the BF16 peak x attn_eff, experts x grouped_gemm_factor"),
-        "memory": ("memory-bound ops", "norms/activations/dropout as bytes over HBM "
-                                       "bandwidth x hbm_eff"),
-        "recompute": ("recompute", "extra forward of the recomputed modules"),
-        "tp": ("exposed comm: TP", "AG/RS (or AR) per layer, NVLink when TP <= domain"),
-        "cp": ("exposed comm: CP", "ring K/V exchange per attention layer"),
-        "ep": ("exposed comm: EP", "dispatch+combine all-to-all per MoE layer, NVLink when "
-                                   "EP x ETP <= domain, else one NIC per GPU"),
-        "pp": ("exposed comm: PP", "send/recv per chunk boundary"),
-        "other": ("other (host/launch)", "fixed overhead per layer and micro-batch, less "
-                                         "with CUDA graphs"),
-    }
-    breakdown = [Term(name=names[k][0], seconds=mb * v, share=mb * v / step, assumes=names[k][1])
-                 for k, v in per_mb.items()]
+    breakdown = [Term(name=_TERM_NAMES[k][0], seconds=mb * v, share=mb * v / step,
+                      assumes=_TERM_NAMES[k][1]) for k, v in per_mb.items()]
     breakdown += [
         Term(name="pipeline bubble", seconds=bubble, share=bubble / step,
              assumes="(PP-1)/VPP stage times (1F1B, interleaved with VPP)"),
@@ -420,15 +457,29 @@ def _estimate(cfg: TrainingConfig | Derived, gpu: str | GPUSpec | None,
              assumes=f"{OPT_BYTES_PER_PARAM} B per local parameter over HBM bandwidth"),
     ]
     assumptions = [
-        f"precision {prec}: peak {peak / 1e12:.0f} TFLOP/s, GEMM efficiency {eff:.3f} "
-        f"({spec.architecture})",
+        f"precision {c.prec}: peak {c.peak / 1e12:.0f} TFLOP/s, GEMM efficiency {c.eff:.3f} "
+        f"({c.spec.architecture})",
         "balanced MoE routing (as Bridge's benchmarks force); attention core causal-halved",
         "Mamba-2 / GatedDeltaNet scans as chunked-scan FLOPs at the BF16 peak x ssm_eff",
-        f"calibration: {cal.source or 'seed'}",
+        f"calibration: {c.cal.source or 'seed'}",
     ]
     return StepTimeReport(
         step_time_s=step, tokens_per_s_per_gpu=tokens / step / world,
-        model_tflops_per_gpu=tflops, mfu=tflops * 1e12 / peak, band_s=step * cal.band_frac,
-        gpu=spec.name, precision=prec, num_gpus=world, num_microbatches=mb,
+        model_tflops_per_gpu=tflops, mfu=tflops * 1e12 / c.peak, band_s=step * c.cal.band_frac,
+        gpu=c.spec.name, precision=c.prec, num_gpus=world, num_microbatches=mb,
         tokens_per_step=tokens, model_flops_per_step=flops, breakdown=breakdown,
         assumptions=assumptions)
+
+
+def _estimate(cfg: TrainingConfig | Derived, gpu: str | GPUSpec | None,
+              calibration: Calibration | None, *, report: bool) -> StepTimeReport | float:
+    """Setup, the slowest stage per micro-batch, the schedule (M stage times plus the bubble),
+    DP/EDP and the optimizer; the report when asked for."""
+    c = _setup(cfg, gpu, calibration)
+    t_stage, per_mb = _slowest_stage(c)
+    dp_exp, t_opt = _step_extras(c)
+    bubble = (c.d.pp - 1) / c.d.vpp * t_stage
+    step = (c.d.num_microbatches or 1) * t_stage + bubble + dp_exp + t_opt
+    if not report:
+        return step
+    return _report(c, step, per_mb, bubble, dp_exp, t_opt)

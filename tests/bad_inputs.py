@@ -90,6 +90,15 @@ CONFIG_TEXTS: dict[str, str] = {
     "carried-vp-group-word": DENSE + "  pipeline_model_parallel_size: 2\n"
                                      "  virtual_pipeline_model_parallel_size: 2\n"
                                      "  microbatch_group_size_per_vp_stage: full\n",
+    # issue 23: markers inside keys, duplicate keys, integers past Python's digit limit
+    "marker-dotted-key": DENSE + "  init_method:\n    a._target_: os.system\n",
+    "marker-padded-key": DENSE + "  init_method:\n    \"_target_ \": os.system\n",
+    "marker-tab-padded-key": DENSE + "  \"\\t_call_\": true\n",
+    "marker-top-dotted": "model._partial_: true\n",
+    "duplicate-section": "model:\n  tensor_model_parallel_size: 8\nmodel:\n  num_layers: 2\n",
+    "duplicate-flow-key": "model: {num_layers: 2, num_layers: 4}\n",
+    "int-5000-digits": DENSE + "  seq_length: " + "9" * 5000 + "\n",
+    "int-5000-digits-list": DENSE + "  recompute_modules: [" + "1" * 5000 + "]\n",
     "carried-vp-group-list": DENSE + "  pipeline_model_parallel_size: 2\n"
                                      "  virtual_pipeline_model_parallel_size: 2\n"
                                      "  microbatch_group_size_per_vp_stage: [1, 2]\n",
@@ -115,6 +124,11 @@ OVERRIDES: dict[str, list[str]] = {
     "ov-layout-huge": ["model.pipeline_model_parallel_layout=E(t|)*99999999999L"],
     "ov-env-slurm-rendezvous": ["env.SLURM_JOB_NODELIST=attacker.example.com",
                                 "env.SLURM_JOB_NUM_NODES=2"],
+    "ov-marker-dotted": ["model.init_method.a._target_=os.system"],
+    "ov-marker-segment": ["model._target_=os.system"],
+    "ov-marker-padded": ["model.init_method._call_ =true"],
+    "ov-marker-add": ["+model.x._args_=[1]"],
+    "ov-int-5000-digits": ["model.num_layers=" + "9" * 5000],
     "ov-env-medium-names": ["env.TMP=/tmp/x", "env.UV_INDEX_URL=https://evil",
                             "env.https_proxy=http://evil:3128", "env.PET_MASTER_ADDR=evil"],
 }

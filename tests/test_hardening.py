@@ -263,3 +263,109 @@ def test_non_ascii_tokens_and_headers_never_500() -> None:
         assert _post(port, "Bearer pässwort".encode()) == 200
         assert _post(port, "Bearer pässwort".encode("latin-1")) == 200
         assert _post(port, b"Bearer wrong") == 401
+
+
+# ------------------------------------------------------------------ issue 23: keys and integers
+
+MARKER_TEXTS = {
+    "dotted": "model:\n  init_method:\n    a._target_: os.system\n",
+    "padded": "model:\n  init_method:\n    \"_target_ \": os.system\n",
+    "tab-padded": "model:\n  \"\\t_call_\": true\n",
+    "top-dotted": "model._partial_: true\n",
+    "mid-segment": "dataset:\n  x._args_.y: [1]\n",
+}
+MARKER_OVERRIDES = ["model.init_method.a._target_=os.system", "model._target_=os.system",
+                    "model.init_method._call_ =true", "+dataset.x._args_=[1]",
+                    "~model._partial_"]
+
+
+@pytest.mark.parametrize("name", sorted(MARKER_TEXTS))
+def test_cli_refuses_a_hydra_marker_inside_any_key(work: Path, name: str) -> None:
+    (work / "c.yaml").write_text(MARKER_TEXTS[name])
+    p = cli(work, "validate", "c.yaml")
+    assert p.returncode == 2 and "Hydra marker" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_cli_refuses_a_hydra_marker_in_any_override_segment(work: Path) -> None:
+    for item in MARKER_OVERRIDES:
+        p = cli(work, "validate", "--preset", "llama3-8b", "--set", item)
+        assert p.returncode == 2 and "Hydra marker" in p.stderr, (item, p.stderr)
+
+
+def test_whole_key_markers_of_a_bridge_dump_still_read(work: Path) -> None:
+    (work / "c.yaml").write_text("dataset:\n  _target_: x.DatasetConfig\n  seed: 3\n")
+    p = cli(work, "validate", "c.yaml", "--preset", "llama3-8b")
+    assert "Hydra marker" not in p.stderr and "Traceback" not in p.stderr
+
+
+async def test_mcp_refuses_hydra_markers_in_keys(work: Path) -> None:
+    from mbridge_perf.server import build_server
+
+    from helpers import REPO
+
+    async with Client(build_server(REPO)) as c:
+        texts = []
+        for bridge in ({"model": {"init_method": {"a._target_": "os.system"}}},
+                       {"model": {"_target_ ": "os.system"}}, {"model._call_": True},
+                       *MARKER_TEXTS.values()):
+            r = await c.call_tool("validate_config", {"config": {"bridge_config": bridge}})
+            texts.append((bridge, r.is_error, r.content[0].text))
+        for item in MARKER_OVERRIDES:
+            r = await c.call_tool("validate_config", {"config": {"preset": "llama3-8b",
+                                                                 "overrides": [item]}})
+            texts.append((item, r.is_error, r.content[0].text))
+    bad = [t for t in texts if not t[1] or "Hydra marker" not in t[2]]
+    assert not bad, bad
+
+
+DUPLICATES = {
+    "section": ("model:\n  tensor_model_parallel_size: 8\nmodel:\n  num_layers: 2\n",
+                "'model'", "lines 1 and 3"),
+    "field": ("model:\n  num_layers: 2\n  hidden_size: 8\n  num_layers: 4\n",
+              "'num_layers'", "lines 2 and 4"),
+    "flow": ("model: {num_layers: 2, num_layers: 4}\n", "'num_layers'", "lines 1 and 1"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DUPLICATES))
+def test_duplicate_keys_are_one_error_naming_the_key_and_both_lines(work: Path, name: str
+                                                                      ) -> None:
+    text, key, lines = DUPLICATES[name]
+    (work / "c.yaml").write_text(text)
+    p = cli(work, "validate", "c.yaml")
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "written twice" in p.stderr and key in p.stderr and lines in p.stderr
+
+
+def test_yaml_merge_keys_are_not_duplicates() -> None:
+    from mbridge_perf.config.load import read_yaml
+
+    assert read_yaml("a: &x {b: 1}\nc:\n  <<: *x\n  b: 2\n")["c"] == {"b": 2}
+
+
+def test_duplicate_json_keys_are_refused(work: Path) -> None:
+    (work / "c.json").write_text('{"model": {"num_layers": 2}, "model": {"num_layers": 4}}')
+    p = cli(work, "validate", "c.json")
+    assert p.returncode == 2 and "'model' is written twice" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("where,field", [
+    ("yaml", "model.seq_length"), ("json", "model.seq_length"),
+    ("list", "model.recompute_modules.0"), ("override", "model.num_layers")])
+def test_a_5000_digit_integer_names_its_field(work: Path, where: str, field: str) -> None:
+    big = "9" * 5000
+    args = ["validate", "c.yaml"]
+    if where == "yaml":
+        (work / "c.yaml").write_text(f"model:\n  seq_length: {big}\n")
+    elif where == "list":
+        (work / "c.yaml").write_text(f"model:\n  recompute_modules: [{big}]\n")
+    elif where == "json":
+        (work / "c.json").write_text(f'{{"model": {{"seq_length": {big}}}}}')
+        args = ["validate", "c.json"]
+    else:
+        args = ["validate", "--preset", "llama3-8b", "--set", f"model.num_layers={big}"]
+    p = cli(work, *args)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert field in p.stderr and "5,000 digits" in p.stderr
+    assert "int_max_str_digits" not in p.stderr and "Exceeds the limit" not in p.stderr

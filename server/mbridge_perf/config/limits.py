@@ -26,6 +26,12 @@ MAX_ALIASES = 100                  # YAML alias uses (*name) per document
 MAX_NODES = 200_000                # values after alias expansion
 MAX_OVERRIDES = 1_000              # --set items / overrides entries, perf flags
 
+# Hydra / OmegaConf instantiation markers. Bridge dumps carry them as whole keys (read and
+# dropped by config/bridge.py); anywhere else in a key (a dotted segment, padded with spaces)
+# they would survive into a rendered override and name code to call, so they are refused.
+HYDRA_MARKERS = frozenset({"_target_", "_partial_", "_call_", "_recursive_", "_convert_",
+                           "_args_", "_name_"})
+
 
 def max_config_bytes() -> int:
     """The per-input size cap: 1 MiB unless the user's environment raises it."""
@@ -69,6 +75,44 @@ class _BoundedLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        """Refuse a key written twice in one mapping (YAML would keep the last silently)."""
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or \
+                        key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node)
+                line = key_node.start_mark.line + 1
+                try:
+                    first = seen.get(key)
+                except TypeError:
+                    continue
+                if first is not None:
+                    raise _Limit(f"the key {key!r} is written twice in one mapping (lines "
+                                 f"{first} and {line}); YAML would keep only the second "
+                                 "silently: keep one")
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node: Any) -> Any:
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            return HugeInt(len(str(node.value)), node.start_mark.line + 1)
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
+
+
+class HugeInt:
+    """An integer literal too long for Python to read (over ``sys.get_int_max_str_digits()``
+    digits): kept as its size, so check_tree can name the field it sits in."""
+
+    def __init__(self, digits: int, line: int | None = None) -> None:
+        self.digits, self.line = digits, line
+
 
 class _Limit(Exception):
     """Raised inside the loader; turned into a ConfigError naming the source."""
@@ -93,7 +137,18 @@ def _key_name(key: Any, path: str, source: str) -> str:
         where = path or "the top level"
         raise ConfigError(path or source, f"key {key!r} at {where} is not a name: keys must "
                                           "be text (quote it, e.g. \"1\": …)")
+    if key not in HYDRA_MARKERS and has_marker(key.split(".")):
+        where = f"{path}.{key}" if path else key
+        raise ConfigError(where, f"the key {key!r} holds a Hydra marker "
+                                 f"({', '.join(sorted(HYDRA_MARKERS))}) inside it; markers "
+                                 "are read only as whole keys of a Bridge dump, never in a "
+                                 "dotted or padded name")
     return key
+
+
+def has_marker(parts: Any) -> bool:
+    """Whether any segment of a key, once stripped of whitespace, is a Hydra marker."""
+    return any(str(part).strip() in HYDRA_MARKERS for part in parts)
 
 
 def check_tree(data: Any, source: str) -> None:
@@ -115,6 +170,11 @@ def check_tree(data: Any, source: str) -> None:
                                               "Bridge config is a few levels deep")
         if isinstance(value, str):
             text += len(value)
+        elif isinstance(value, HugeInt):
+            at = f" (line {value.line})" if value.line else ""
+            raise ConfigError(path or source, f"an integer of {value.digits:,} digits{at} "
+                                              "is too long to be a setting; write the "
+                                              "real value")
         elif isinstance(value, dict):
             for key, child in value.items():
                 name = _key_name(key, path, source)

@@ -23,6 +23,7 @@ from mbridge_perf.config.fields import known_fields
 from mbridge_perf.config.flags import parse_perf_flags
 from mbridge_perf.config.limits import (
     MAX_DEPTH,
+    HugeInt,
     check_count,
     check_size,
     check_tree,
@@ -91,14 +92,38 @@ def read_text(p: Path, source: str) -> str:
 def read_json(text: str, source: str) -> Any:
     check_size(len(text.encode("utf-8", "surrogatepass")), source)
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_json_int, object_pairs_hook=_json_object)
     except json.JSONDecodeError as exc:
         raise ConfigError(source, f"not valid JSON at line {exc.lineno}: {exc.msg}") from None
+    except _DuplicateKey as exc:
+        raise ConfigError(source, f"the key {exc.args[0]!r} is written twice in one object; "
+                                  "JSON readers would keep only the second silently: keep "
+                                  "one") from None
     except RecursionError:
         raise ConfigError(source, f"nested deeper than {MAX_DEPTH} levels; a Bridge config "
                                   "is a few levels deep") from None
     check_tree(data, source)
     return data
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _json_int(digits: str) -> Any:
+    try:
+        return int(digits)
+    except ValueError:  # over Python's int_max_str_digits: named by check_tree
+        return HugeInt(len(digits))
 
 
 def hf_model_fields(data: Mapping[str, Any], source: str = "config.json") -> dict[str, Any]:

@@ -11,7 +11,7 @@ import yaml
 
 from mbridge_perf.config.errors import ConfigError, did_you_mean
 from mbridge_perf.config.fields import known_fields
-from mbridge_perf.config.limits import load_yaml
+from mbridge_perf.config.limits import HYDRA_MARKERS, has_marker, load_yaml
 
 
 def parse_override(text: str) -> tuple[list[str], Any, bool]:
@@ -28,6 +28,10 @@ def parse_override(text: str) -> tuple[list[str], Any, bool]:
         raise ConfigError(text, "an override must look like section.field=value, e.g. "
                                 "model.tensor_model_parallel_size=8")
     path = key.split(".")
+    if has_marker(path):
+        raise ConfigError(key, "an override may not name a Hydra marker ("
+                               + ", ".join(sorted(HYDRA_MARKERS)) + ") in any part of its "
+                               "key; set the field itself, e.g. model.init_method_std=0.02")
     if delete:
         return path, None, True
     if path[0] == "env":

@@ -9,6 +9,7 @@ import inspect
 import ipaddress
 import json
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -203,7 +204,8 @@ def _checklist_prompt(skill: Skill, tools: list[str]) -> Callable[..., str]:
                          "layouts and their per-stage memory before sizing CP, EP, TP or PP "
                          "by hand; then validate_config on the layout you pick.")
         if config.strip():
-            parts.append(f"Training config:\n```yaml\n{config.strip()}\n```")
+            fence = fence_for(config)
+            parts.append(f"Training config:\n{fence}yaml\n{config.strip()}\n{fence}")
             parts += _reading(config)
             parts.append(f"Call {calls} with this config (as config.bridge_config) before "
                          "recommending anything, and quote the findings you rely on.")
@@ -213,6 +215,14 @@ def _checklist_prompt(skill: Skill, tools: list[str]) -> Callable[..., str]:
         return "\n\n".join(parts)
 
     return render
+
+
+def fence_for(text: str) -> str:
+    """A backtick fence longer than any run of backticks in ``text`` (at least three), so
+    nothing inside the text can close it early (CommonMark closes a fence only with a run of
+    the same character at least as long)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
 
 
 def _reading(config: str) -> list[str]:

@@ -24,7 +24,14 @@ from mbridge_perf.config.derived import Derived, resolved_lines
 from mbridge_perf.config.errors import ConfigError, type_problem
 from mbridge_perf.config.load import load_config
 from mbridge_perf.server_tools import TOOLS
-from mbridge_perf.skillpack.pack import CARD_FILE, SKILL_FILE, Skill, find_pack_root, list_skills
+from mbridge_perf.skillpack.pack import (
+    CARD_FILE,
+    SKILL_FILE,
+    Skill,
+    find_pack_root,
+    list_skills,
+    read_pack_text,
+)
 
 log = logging.getLogger("mbridge_perf.server")
 
@@ -124,9 +131,9 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _reader(path: Path) -> Callable[[], str]:
-    def read() -> str:
-        return path.read_text(encoding="utf-8")
+def _reader(path: Path, root: Path) -> Callable[[], str]:
+    def read() -> str:  # checked again on each read: a file swapped for a symlink later
+        return read_pack_text(path, root)
 
     return read
 
@@ -147,20 +154,20 @@ def _register_resources(server: MCPServer, skills: list[Skill]) -> None:
         desc = str(skill.frontmatter.get("description", ""))
         server.resource(f"skill://{name}/SKILL.md", name=f"{name}/SKILL.md",
                         title=f"{name} (SKILL.md)", description=desc,
-                        mime_type="text/markdown")(_reader(skill.path / SKILL_FILE))
+                        mime_type="text/markdown")(_reader(skill.path / SKILL_FILE, skill.root))
         server.resource(f"skill://{name}/card.yaml", name=f"{name}/card.yaml",
                         title=f"{name} (card.yaml)",
                         description=f"Machine-readable card of {name}: answer checklist, "
                                     "measured results, constraints, rule ids.",
-                        mime_type="application/yaml")(_reader(skill.path / CARD_FILE))
+                        mime_type="application/yaml")(_reader(skill.path / CARD_FILE, skill.root))
         # SKILL.md links references/<file>.md; the same relative path resolves here
-        for ref in sorted((skill.path / "references").glob("*.md")):
+        for ref in skill.references():
             rel = f"references/{ref.name}"
             server.resource(f"skill://{name}/{rel}", name=f"{name}/{rel}",
                             title=f"{name} ({rel})",
                             description=f"Detail that {name}'s SKILL.md links to; read it "
                                         "when the answer needs it.",
-                            mime_type="text/markdown")(_reader(ref))
+                            mime_type="text/markdown")(_reader(ref, skill.root))
 
     @server.resource("mbridge-perf://rules", name="rules", title="Validator rule catalog",
                      description="Every validate_config rule: id, severity, constraint ref, "

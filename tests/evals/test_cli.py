@@ -8,6 +8,8 @@ import subprocess
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
+import pytest
+
 from helpers import REPO, tool
 
 CASE = "memory-tuning-positive-fragmentation-first-fix"
@@ -146,3 +148,36 @@ def test_a_tools_json_output_is_graded_by_its_answer_markdown(tmp_path: Path) ->
         e for e in data["expectations"] if not e["passed"]]
     assert any(e["text"].endswith("$.per_stage[*]") and e["passed"]
                for e in data["expectations"])
+
+
+@pytest.mark.parametrize("case_id", ["../../escaped", "/tmp/abs-escaped", "a/../../escaped",
+                                     "..", "ok-positive-x/../../../escaped"])
+@pytest.mark.parametrize("action", ["export", "run"])
+def test_run_and_export_validate_before_writing_and_stay_in_their_folder(
+        tmp_path: Path, action: str, case_id: str) -> None:
+    root = _pack_copy(tmp_path)
+    path = root / "skills" / "nemo-mbridge-perf-memory-tuning" / "evals" / "evals.json"
+    cases = json.loads(path.read_text())
+    cases[0]["id"] = case_id
+    path.write_text(json.dumps(cases))
+    before = sorted(p for p in tmp_path.rglob("*"))
+    out = tmp_path / "pack" / "o"
+    args = ["eval", action] + (["--out", str(out)] if action == "run" else [])
+    r = subprocess.run([tool("mbridge-perf"), *args], cwd=root, text=True,
+                       capture_output=True, timeout=120, env={"MBRIDGE_PERF_PACK": str(root)})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "nothing was written" in r.stderr
+    assert sorted(p for p in tmp_path.rglob("*")) == before
+    assert not (tmp_path / "escaped").exists() and not Path("/tmp/abs-escaped").exists()
+
+
+def test_export_path_check_refuses_an_id_that_leaves_the_folder(tmp_path: Path) -> None:
+    from mbridge_perf.evals.export import inside
+    from mbridge_perf.evals.suite import SuiteError
+
+    (tmp_path / "evals").mkdir()
+    (tmp_path / "evals" / "link").symlink_to(tmp_path.parent)
+    for bad in ("../x", "/etc", "a/b", "..", "link", ""):
+        with pytest.raises(SuiteError, match="would write outside"):
+            inside(tmp_path / "evals", bad)
+    assert inside(tmp_path / "evals", "ok-positive-x") == tmp_path / "evals" / "ok-positive-x"

@@ -18,8 +18,9 @@ def _root() -> Path:
     return find_pack_root(Path.cwd())
 
 
-def validate_evals(root: Path) -> list[str]:
-    """Schema errors of every evals.json, and case inputs (config, log) that do not load."""
+def validate_evals(root: Path, inputs: bool = True) -> list[str]:
+    """Schema errors of every evals.json, and (``inputs``) case inputs (config, log) that do
+    not load."""
     import jsonschema
 
     from mbridge_perf.evals.tools import case_config, case_file
@@ -40,7 +41,7 @@ def validate_evals(root: Path) -> list[str]:
                   f"{' '.join(e.message.split())[:200]}"
                   for e in sorted(validator.iter_errors(data), key=lambda e: list(e.path))]
         problems += errors
-        if errors:
+        if errors or not inputs:
             continue
         for case in all_cases(root, skill.folder_name):
             try:
@@ -50,6 +51,20 @@ def validate_evals(root: Path) -> list[str]:
             except SuiteError as exc:
                 problems.append(f"{path}: {exc}")
     return problems
+
+
+def _require_valid(root: Path, out: Path, skill: str | None = None) -> None:
+    """Before `eval run` / `eval export` write anything: every evals.json passes its schema
+    and every case's folder under ``out`` stays inside it."""
+    from mbridge_perf.evals.export import inside
+
+    problems = validate_evals(root, inputs=False)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise SuiteError(f"{problems[0]}{more}; nothing was written: fix the cases "
+                         "(`mbridge-perf eval validate` lists every problem)")
+    for case in all_cases(root, skill):
+        inside(out, case.id)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -97,6 +112,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     root = _root()
     out = Path(args.out) if args.out else root / "evals" / "results" / "grading"
+    _require_valid(root, out, args.skill)
     report = run_suite(root, args.skill, out)
     print(table(report))
     if args.junit:
@@ -115,6 +131,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
         print(f"{len(problems)} case file(s) out of date; run `mbridge-perf eval export`"
               if problems else "ok: every case.yaml matches evals.json")
         return 1 if problems else 0
+    from mbridge_perf.evals.suite import EVALS_DIR
+
+    _require_valid(root, root / EVALS_DIR)
     changed = export(root)
     print(f"wrote {len(changed)} case.yaml file(s) under {root / 'evals'}")
     return 0

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from mbridge_perf.evals.suite import EVALS_DIR, Case, all_cases
+from mbridge_perf.evals.suite import EVALS_DIR, Case, SuiteError, all_cases
 
 SERVER = "mbridge"
 PLUGIN = "mbridge-perf"
@@ -93,8 +93,26 @@ def case_yaml(case: Case) -> str:
     return HEADER.format(skill=case.skill.folder_name) + text
 
 
+def inside(base: Path, name: str, what: str = "case id") -> Path:
+    """``base / name`` when it stays inside ``base`` (no `..`, no absolute part, no separator,
+    no symlink out); otherwise one SuiteError naming it."""
+    path = base / name
+    bad = (not isinstance(name, str) or not name or name in (".", "..") or "/" in name
+           or "\\" in name or "\0" in name or Path(name).is_absolute())
+    if not bad:
+        try:
+            bad = not path.resolve().is_relative_to(base.resolve())
+        except (OSError, ValueError):
+            bad = True
+    if bad:
+        raise SuiteError(f"{what} {name!r} would write outside {base}; ids are plain names "
+                         "(lowercase words and hyphens)")
+    return path
+
+
 def expected_files(root: Path) -> dict[Path, str]:
-    return {root / EVALS_DIR / c.id / "case.yaml": case_yaml(c) for c in all_cases(root)}
+    base = root / EVALS_DIR
+    return {inside(base, c.id) / "case.yaml": case_yaml(c) for c in all_cases(root)}
 
 
 def export(root: Path) -> list[Path]:

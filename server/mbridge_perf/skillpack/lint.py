@@ -22,6 +22,7 @@ from mbridge_perf.skillpack.pack import (
     Skill,
     list_skills,
     load_yaml,
+    read_pack_text,
     split_frontmatter,
 )
 from mbridge_perf.skillpack.schemas import SchemaName, load_schema
@@ -234,7 +235,7 @@ def linked_references(skill: Skill) -> list[Path]:
 
 def readable_text(skill: Skill) -> str:
     """SKILL.md's body plus every reference it links: where a fact must be findable."""
-    return "\n\n".join([skill.body, *(p.read_text(encoding="utf-8")
+    return "\n\n".join([skill.body, *(read_pack_text(p, skill.root)
                                       for p in linked_references(skill))])
 
 

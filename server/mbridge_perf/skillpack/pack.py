@@ -35,16 +35,57 @@ def split_frontmatter(text: str) -> tuple[str | None, str]:
     return m.group(1), text[m.end():]
 
 
+MAX_PACK_FILE_BYTES = 4 << 20  # a SKILL.md, card or reference is tens of KB
+
+
+def inside_pack(path: Path, root: Path) -> bool:
+    """Whether ``path``, with every symlink followed, is a regular file under ``root``."""
+    try:
+        real = path.resolve(strict=True)
+        return real.is_relative_to(root.resolve(strict=True)) and real.is_file()
+    except (OSError, RuntimeError):
+        return False
+
+
+def read_pack_text(path: Path, root: Path | None = None) -> str:
+    """A pack file's text, read only when it resolves inside the pack (a symlink out of the
+    pack — `references/ -> /etc` — is refused) and is a plain file of bounded size."""
+    base = root if root is not None else pack_root_of(path)
+    if base is not None and not inside_pack(path, base):
+        raise PackError(f"{path}: not a file inside the pack {base} (a symlink out of the pack "
+                        "is never followed); replace it with the file itself")
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_PACK_FILE_BYTES + 1)
+    except OSError as exc:
+        raise PackError(f"{path}: cannot read ({exc.strerror})") from None
+    if len(raw) > MAX_PACK_FILE_BYTES:
+        raise PackError(f"{path}: over {MAX_PACK_FILE_BYTES:,} bytes; a pack file is small")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PackError(f"{path}: not UTF-8 text") from None
+
+
+def pack_root_of(path: Path) -> Path | None:
+    """The pack a skill file belongs to: the folder above `skills/` on its (unresolved) path."""
+    parts = path.absolute().parts
+    if "skills" not in parts:
+        return None
+    i = len(parts) - 1 - parts[::-1].index("skills")
+    return Path(*parts[:i])
+
+
 def load_yaml(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.safe_load(read_pack_text(path))
     except yaml.YAMLError as exc:
         raise PackError(f"{path}: not valid YAML: {_one_line(exc)}") from None
 
 
 def load_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_pack_text(path))
     except json.JSONDecodeError as exc:
         raise PackError(f"{path}: not valid JSON: {exc}") from None
 
@@ -60,12 +101,22 @@ class Skill:
     path: Path
 
     @property
+    def root(self) -> Path:
+        """The pack this skill belongs to (the folder holding skills/)."""
+        return self.path.parent.parent
+
+    def references(self) -> list[Path]:
+        """references/*.md that are files inside the pack (symlinks out are left out)."""
+        return [p for p in sorted((self.path / "references").glob("*.md"))
+                if inside_pack(p, self.root)]
+
+    @property
     def folder_name(self) -> str:
         return self.path.name
 
     @cached_property
     def text(self) -> str:
-        return (self.path / SKILL_FILE).read_text(encoding="utf-8")
+        return read_pack_text(self.path / SKILL_FILE, self.root)
 
     @cached_property
     def frontmatter(self) -> dict[str, Any]:

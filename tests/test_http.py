@@ -7,6 +7,7 @@ import contextlib
 import os
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -29,22 +30,38 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def serving(*args: str, env: dict[str, str] | None = None) -> Iterator[int]:
-    port = free_port()
-    proc = subprocess.Popen([tool("mbridge-perf"), "serve", "--http", "--port", str(port),
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, **(env or {})})
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited: {proc.stderr.read().decode()}")  # type: ignore[union-attr]
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            time.sleep(0.1)
+    with serving_process(*args, env=env) as (port, _):
         yield port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def serving_process(*args: str, env: dict[str, str] | None = None
+                    ) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """The server on a free port; its log goes to a file (a pipe nobody reads would fill up
+    and stall a server that logs every session)."""
+    port = free_port()
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen([tool("mbridge-perf"), "serve", "--http", "--port", str(port),
+                                 *args], stdout=subprocess.DEVNULL, stderr=log,
+                                env={**os.environ, **(env or {})})
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    pytest.fail(f"server exited: {log.read().decode()}")
+                with contextlib.suppress(OSError), socket.create_connection(
+                        ("127.0.0.1", port), 0.2):
+                    break
+                time.sleep(0.1)
+            yield port, proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def post(port: int, headers: dict[str, str]) -> int:
@@ -95,3 +112,66 @@ def test_browser_origins_other_than_localhost_are_refused() -> None:
     with serving() as port:
         assert post(port, {"origin": "https://evil.example"}) == 403
         assert post(port, {"origin": f"http://localhost:{port}"}) == 200
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+
+
+@pytest.mark.anyio
+async def test_a_flood_of_initialize_calls_never_locks_out_a_new_client() -> None:
+    """2,000 sessions opened and left idle (issue 23): the count stays bounded, memory with it,
+    and a new client is still served."""
+    import http.client
+
+    from mbridge_perf.server import HTTP_MAX_SESSIONS
+
+    with serving_process() as (port, proc):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        statuses: dict[int, int] = {}
+        sessions = set()
+        for _ in range(2_000):
+            conn.request("POST", "/mcp", body=INIT, headers={
+                "content-type": "application/json",
+                "accept": "application/json, text/event-stream"})
+            resp = conn.getresponse()
+            resp.read()
+            statuses[resp.status] = statuses.get(resp.status, 0) + 1
+            sessions.add(resp.getheader("mcp-session-id"))
+        conn.close()
+        assert statuses == {200: 2_000} and len(sessions) == 2_000
+        async with Client(f"http://127.0.0.1:{port}/mcp") as c:
+            r = await c.call_tool("validate_config", {"config": {"preset": "llama3-8b"}})
+        assert r.structured_content["ok"] is True
+        rss = _rss_kib(proc.pid)
+    assert rss < 250 * 1024, f"{rss} KiB after the flood"  # 478 MB before the bound
+    assert 0 < HTTP_MAX_SESSIONS <= 1_000
+
+
+def test_eviction_takes_the_longest_idle_session_and_never_a_busy_one() -> None:
+    from types import SimpleNamespace
+
+    from mbridge_perf.server import HTTP_IDLE_TIMEOUT_S, _evict_idlest
+
+    class Scope:
+        def __init__(self, deadline: float) -> None:
+            self.deadline, self.cancelled = deadline, False
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    def t(deadline: float, busy: int = 0) -> SimpleNamespace:
+        return SimpleNamespace(idle_scope=Scope(deadline), _requests_in_flight=busy)
+
+    sessions = {"busy-old": t(1.0, busy=1), "idle-old": t(5.0), "idle-new": t(9.0),
+                "starting": SimpleNamespace(idle_scope=None, _requests_in_flight=0)}
+    old = sessions["idle-old"]
+    manager = SimpleNamespace(_session_owners={"idle-old": "u"})
+    _evict_idlest(manager, sessions)
+    assert set(sessions) == {"busy-old", "idle-new", "starting"} and old.idle_scope.cancelled
+    assert manager._session_owners == {}
+    only_busy = {"b": t(1.0, busy=2)}
+    _evict_idlest(manager, only_busy)
+    assert set(only_busy) == {"b"}
+    assert 0 < HTTP_IDLE_TIMEOUT_S <= 3600

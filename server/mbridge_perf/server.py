@@ -348,7 +348,55 @@ def http_app(server: MCPServer, host: str, token: str | None) -> Any:
         enable_dns_rebinding_protection=local,
         allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"] if local else [],
         allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"])
-    return HttpGuard(server.streamable_http_app(transport_security=security, host=host), token)
+    app = server.streamable_http_app(transport_security=security, host=host,
+                                     max_sessions=HTTP_MAX_SESSIONS,
+                                     session_idle_timeout=HTTP_IDLE_TIMEOUT_S)
+    bound_sessions(server.session_manager)
+    return HttpGuard(app, token)
+
+
+# HTTP sessions per server: a bounded count (each holds a server task and its streams, so the
+# count bounds memory) and a bounded idle lifetime. When every slot is taken, a new client
+# evicts the session idle the longest instead of being refused: a flood of `initialize` calls
+# cannot lock new clients out (an evicted client gets 404 and, per the MCP spec, starts a new
+# session). Only sessions with a request in flight (an open stream) are never evicted.
+HTTP_MAX_SESSIONS = 256
+HTTP_IDLE_TIMEOUT_S = 600.0
+
+
+def bound_sessions(manager: Any) -> None:
+    """Make ``manager`` evict its longest-idle session when full (SDK manager internals:
+    ``_admit_session``, ``_server_instances``; left as the SDK made it if they change)."""
+    admit = getattr(manager, "_admit_session", None)
+    sessions = getattr(manager, "_server_instances", None)
+    if admit is None or not isinstance(sessions, dict):
+        return
+
+    def admit_or_evict(requestor: Any) -> Any:
+        limit = manager.max_sessions
+        if limit is not None and len(sessions) >= limit:
+            _evict_idlest(manager, sessions)
+        return admit(requestor)
+
+    manager._admit_session = admit_or_evict
+
+
+def _evict_idlest(manager: Any, sessions: dict[str, Any]) -> None:
+    idle = []
+    for sid, transport in sessions.items():
+        scope = getattr(transport, "idle_scope", None)
+        if scope is None or getattr(transport, "_requests_in_flight", 1):
+            continue  # not started yet, or serving a request / an open stream
+        idle.append((scope.deadline, sid))
+    if not idle:
+        return
+    _, sid = min(idle)
+    transport = sessions.pop(sid)
+    owners = getattr(manager, "_session_owners", None)
+    if isinstance(owners, dict):
+        owners.pop(sid, None)
+    transport.idle_scope.cancel()  # its server task ends and terminates the transport
+    log.info("evicted idle HTTP session %s to admit a new client", sid[:8])
 
 
 def serve_http(server: MCPServer, host: str, port: int, token: str | None) -> None:

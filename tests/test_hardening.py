@@ -408,3 +408,33 @@ async def test_a_fence_in_a_prompt_config_stays_inside_its_fence(name: str) -> N
             assert body == config.strip() + "\n", (prompt, text)
             longest = max(len(run) for run in re.findall(r"`+", config))
             assert len(fence) > longest
+
+
+# ------------------------------------------------------------------ issue 23: plan bound
+
+def _plan(preset: str) -> Any:
+    from mbridge_perf.config.load import ConfigSource
+    from mbridge_perf.server_tools import plan_parallelism
+
+    return plan_parallelism(ConfigSource(preset=preset), num_gpus=720_720, gpu="GB200",
+                            seq_length=1_441_440, global_batch_size=72_072_000)
+
+
+@pytest.mark.parametrize("preset", ["qwen3-235b-a22b", "llama3-405b"])
+def test_plan_at_720720_gpus_is_bounded_in_time(preset: str) -> None:
+    start = time.process_time()
+    plan = _plan(preset)
+    assert time.process_time() - start < 8 and plan.layouts
+
+
+def test_a_capped_search_says_so_in_the_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mbridge_perf.advise import layouts
+
+    monkeypatch.setattr(layouts, "MAX_LAYOUTS", 20_000)
+    plan = _plan("qwen3-235b-a22b")
+    assert plan.layouts
+    assert any("search bounded" in r.reason for r in plan.rejected)
+    assert "search bounded: stopped after" in plan.answer_markdown
+    monkeypatch.setattr(layouts, "MAX_LAYOUTS", 10**9)
+    monkeypatch.setattr(layouts, "MAX_GROUPS", 5)
+    assert any("5 layout families" in r.reason for r in _plan("llama3-8b").rejected)

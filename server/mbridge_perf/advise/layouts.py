@@ -26,6 +26,12 @@ SIZE_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                "expert_model_parallel_size", "expert_tensor_parallel_size", "micro_batch_size")
 MAX_VPP = 16
 MAX_MBS = 8
+# Bounds on one search (issue 23: 720,720 GPUs with highly divisible sizes enumerated ~10^6
+# layouts, seconds and hundreds of MB per call). Real plans need far fewer: every preset at
+# 720,720 GPUs stays under ~1,200 families and ~340,000 layouts. Past either bound the search
+# stops and says so in the answer's rejected families.
+MAX_GROUPS = 2_000
+MAX_LAYOUTS = 400_000
 
 
 def min_gpus(tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, etp: int | None = None) -> int:
@@ -239,6 +245,21 @@ def groups(m: ModelSection, n: int, nvlink: int, gbs: int, mbs: int | None,
            constraints: dict[str, list[int]], rej: Rejections) -> Iterator[Group]:
     """Every (TP, PP split, ETP, MBS) with the EPs and CPs it allows; the DP each CP implies
     must divide the global batch (world.gbs-divisible)."""
+    layouts = 0
+    for found, group in enumerate(_groups(m, n, nvlink, gbs, mbs, constraints, rej), 1):
+        layouts += len(group.eps) * len(group.cps)
+        if found > MAX_GROUPS or layouts > MAX_LAYOUTS:
+            rej.add(f"search bounded: stopped after {found - 1:,} layout families "
+                    f"(limits {MAX_GROUPS:,} families, {MAX_LAYOUTS:,} layouts); the families "
+                    "from here on (larger TP / PP) were not priced: narrow the search with "
+                    "constraints (e.g. pipeline_model_parallel_size) to see them",
+                    f"TP{group.tp} PP{group.split.pp}")
+            return
+        yield group
+
+
+def _groups(m: ModelSection, n: int, nvlink: int, gbs: int, mbs: int | None,
+            constraints: dict[str, list[int]], rej: Rejections) -> Iterator[Group]:
     experts = int(m.num_moe_experts or 0)
     layers = int(m.num_layers or 0)
     for tp in tp_values(m, n, nvlink, constraints, rej):

@@ -60,20 +60,25 @@ LEGACY = re.compile(
     + r" total capacity; " + _Q + r" already allocated; " + _Q + r" free; " + _Q
     + r" reserved in total by PyTorch\)")
 DRIVER = re.compile(r"CUDA error: out of memory|cudaErrorMemoryAllocation")
-NCCL_OOM = re.compile(r"Failed to CUDA calloc|ncclUnhandledCudaError[^\n]*out of memory")
+# Every pattern that scans the text is linear in its length: no unbounded quantifier next to
+# another over the same characters, bounded spans between fixed words (tests/test_regex_linear.py
+# searches each for inputs that would make it quadratic). CURRENT and LEGACY only ever .match() at
+# the MAX_CANDIDATES header positions found from the end, their lazy spans bounded.
+NCCL_OOM = re.compile(r"Failed to CUDA calloc|ncclUnhandledCudaError[^\n]{0,200}?out of memory")
 CAPTURE = re.compile(r"graph capture|cudaGraphInstantiate|capture_begin|CUDAGraph|"
                      r"make_graphed_callables|cuda_graph", re.I)
 HOST_OOM = re.compile(r"oom-kill|Out of memory: Killed process|exit code 137|signal 9|"
                       r"\bKilled\b|SIGKILL")
 NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|NCCL operations have "
-                          r"failed or timed out|ProcessGroupNCCL.*[Tt]imeout")
+                          r"failed or timed out|ProcessGroupNCCL[^\n]{0,200}?[Tt]imeout")
 RANK_PREFIX = re.compile(r"(?:\[rank(\d+)\]:|^(\d+): )", re.M)
 BRIDGE_MEM = re.compile(
     r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(GB\)((?:\s*\|\s*[\w-]+: [\d.]+)+)")
 MLM_MEM = re.compile(
-    r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\)((?:\s*\|\s*[\w ]+: [\d.]+)+)")
+    r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\)"
+    r"((?:[ \t]*\|[ \t]*\w[\w ]{0,63}: [\d.]+){1,32})")
 HINT = re.compile(r"try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", re.I)
-ALLOC_SET = re.compile(r"PYTORCH_CUDA_ALLOC_CONF\s*[=:]\s*['\"]?[^\s'\"]*"
+ALLOC_SET = re.compile(r"PYTORCH_CUDA_ALLOC_CONF[ \t]{0,8}[=:][ \t]{0,8}['\"]?[^\s'\"]{0,200}?"
                        r"expandable_segments:True", re.I)
 GB = 1e9 / GIB  # one decimal GB in GiB
 FRAG_BAND_GIB = 1.0  # a GiB-scale band ...

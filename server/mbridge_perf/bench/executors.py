@@ -78,9 +78,11 @@ class Executor(Protocol):
 
 # ---------------------------------------------------------------- torchrun failure summary
 
+_ROOT_CAUSE_HEAD = "Root Cause (first observed failure):"
+# .match()ed only after the last head (found with rfind), its spans bounded
 _ROOT_CAUSE = re.compile(
-    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)",
-    re.S)
+    r"Root Cause \(first observed failure\):.{0,400}?rank[ \t]{0,8}:[ \t]{0,8}(\d+)"
+    r".{0,400}?exitcode[ \t]{0,8}:[ \t]{0,8}(-?\d+)", re.S)
 
 
 def torchrun_root_cause(log_path: str | Path | None, tail_bytes: int = 65_536
@@ -90,8 +92,9 @@ def torchrun_root_cause(log_path: str | Path | None, tail_bytes: int = 65_536
     tail = read_tail(log_path, tail_bytes)
     if tail is None:
         return None
-    found = _ROOT_CAUSE.findall(tail.decode("utf-8", "replace"))
-    return (int(found[-1][0]), int(found[-1][1])) if found else None
+    text = tail.decode("utf-8", "replace")
+    m = _ROOT_CAUSE.match(text, max(text.rfind(_ROOT_CAUSE_HEAD), 0))
+    return (int(m[1]), int(m[2])) if m else None
 
 
 def _with_root_cause(message: str, log_path: str | None) -> str:

@@ -17,7 +17,9 @@ from typing import Any
 from mbridge_perf.config.errors import ConfigError
 
 DEFAULT_MCORE_VERSION = "0.19.2"
-_VERSION = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-]?(?:rc|dev|post)?\w*)?\s*$")
+# bounded parts: unbounded digit runs next to \w* backtrack quadratically on a long number
+_VERSION = re.compile(r"^\s{0,8}v?(\d{1,4})\.(\d{1,4})(?:\.(\d{1,6}))?"
+                      r"(?:[.+-]?(?:rc|dev|post)?\w{0,32})?\s{0,8}$")
 
 
 @dataclass(frozen=True)

@@ -262,7 +262,7 @@ def _first_action(units: list[Unit], items: tuple[Misconception, ...],
 # ---------------------------------------------------------------- stated arithmetic
 
 _EXPR_CHARS = frozenset("0123456789.,k()×x*·/÷ ")
-_RESULT = re.compile(r"\s*(?:=|≈|->)\s*(\d[\d,]*(?:\.\d+)?k?)")
+_RESULT = re.compile(r"\s{0,8}(?:=|≈|->)\s{0,8}(\d[\d,]{0,24}(?:\.\d{1,12})?k?)")
 _EXPR_REACH = 60
 
 
@@ -304,7 +304,7 @@ def _number(tok: str) -> float | None:
         return None
 
 
-_TOKEN = re.compile(r"\s*(?:(\d[\d,]*(?:\.\d+)?k?)|([×x*·/÷()]))")
+_TOKEN = re.compile(r"\s{0,8}(?:(\d[\d,]{0,24}(?:\.\d{1,12})?k?)|([×x*·/÷()]))")
 
 
 def _evaluate(expr: str) -> float | None:

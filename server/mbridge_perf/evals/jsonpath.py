@@ -6,7 +6,8 @@ import re
 from typing import Any
 
 _TOKEN = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\.\*|\[(\d+)\]|\[\*\]"
-                    r"|\[\?\(@\.([A-Za-z_][A-Za-z0-9_]*)\s*==\s*(['\"])(.*?)\4\)\]")
+                    r"|\[\?\(@\.([A-Za-z_][A-Za-z0-9_]{0,63})\s{0,8}==\s{0,8}(['\"])"
+                    r"(.{0,256}?)\4\)\]")
 
 
 class PathError(ValueError):

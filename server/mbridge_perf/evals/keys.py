@@ -13,7 +13,8 @@ from mbridge_perf.evals.text import Unit, is_recommended
 
 _DOTTED = re.compile(r"(?<![A-Za-z0-9_.])([a-z_]+)\.([A-Za-z_][A-Za-z0-9_]*)\b")
 _ASSIGN = re.compile(r"(?<![A-Za-z0-9_.\-])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\s*(?:=|:\s)")
-_LIST_VALUE = re.compile(r"\b(recompute_modules|cuda_graph_modules)\s*[=:]\s*\[([^\]]*)\]")
+_LIST_VALUE = re.compile(r"\b(recompute_modules|cuda_graph_modules)\s{0,8}[=:]\s{0,8}"
+                         r"\[([^\]]{0,400})\]")
 _ENUM_VALUE = re.compile(r"\b(recompute_granularity|recompute_method|cuda_graph_impl)\s*[=:]\s*"
                          r"[\"'`]?([A-Za-z_]+)")
 _STRIP = re.compile(r"[`*]")

@@ -21,21 +21,23 @@ from mbridge_perf.evals.vocab import SIZE_TOKENS, SIZES
 _SIZES = SIZES
 _SIZE_RE = [(re.compile(rf"(?<![a-z0-9_.])(?:{pat})(?![a-z_])"), tok) for pat, tok in _SIZES]
 _SIZE_TOK = SIZE_TOKENS
-_SIZE_VALUE = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK})\s*(?:=|:|of|to|is|at|from|size)?\s*(\d+)"
+_SIZE_VALUE = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK})\s{{0,8}}(?:=|:|of|to|is|at|from|size)?"
+                         r"\s{0,8}(\d{1,9})"
                          r"(?!\d|\.\d)")
 _SIZE_ARROW = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK})=(\d+)\s*(?:->|→|to)\s*(\d+)")
-_FLAG_VALUE = re.compile(r"(--?[a-z][a-z0-9_\-]*)\s+(\d+|true|false)\b")
+_FLAG_VALUE = re.compile(r"(--?[a-z][a-z0-9_\-]{0,63})\s{1,8}(\d{1,12}|true|false)\b")
 _DROP = re.compile(r"[`*\"'“”‘’]")
 _SPACE = re.compile(r"\s+")
 # Numbers with units: "28 %", "28 percent", "−28 pct" -> "28%"; unicode minus and dashes -> "-".
 _MINUS = re.compile(r"[−‒–—](?=\d)")
 _PERCENT = re.compile(r"(\d)\s*(?:%|percent\b|per cent\b|pct\b)")
 # "4-way → 8-way TP", "TP 4-way -> 8-way", "8-way TP": sizes as tp=4 -> tp=8 / tp=8.
-_WAY_PAIR = re.compile(rf"(?:\b({_SIZE_TOK})\s+)?(\d+)-way\s*(?:->|→|to)\s*(\d+)-way"
-                       rf"(?:\s+({_SIZE_TOK})\b)?")
-_WAY_ONE = re.compile(rf"(\d+)-way\s+({_SIZE_TOK})\b|\b({_SIZE_TOK})\s+(\d+)-way")
+_WAY_PAIR = re.compile(rf"(?:\b({_SIZE_TOK})\s{{1,8}})?(\d{{1,6}})-way\s{{0,8}}(?:->|→|to)"
+                       rf"\s{{0,8}}(\d{{1,6}})-way(?:\s{{1,8}}({_SIZE_TOK})\b)?")
+_WAY_ONE = re.compile(rf"(?<!\d)(\d{{1,6}})-way\s{{1,8}}({_SIZE_TOK})\b"
+                      rf"|\b({_SIZE_TOK})\s{{1,8}}(\d{{1,6}})-way")
 _FROM_TO = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK})\s+from\s+(\d+)\s+to\s+(\d+)(?!\d)")
-_ARROW = re.compile(r"\s*(?:->|→|=>|⇒)\s*")
+_ARROW = re.compile(r"\s{0,16}(?:->|→|=>|⇒)\s{0,16}")
 
 
 def _way_pair(m: re.Match[str]) -> str:

@@ -49,13 +49,14 @@ MIN_POSITIVE_CASES = 2
 MIN_NEGATIVE_CASES = 1
 
 _FLOW_VALUE = re.compile(r"^\s*[\w-]+:\s*[\[{]")
-_XML_TAG = re.compile(r"<[A-Za-z/][^>]*>")
-_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+_XML_TAG = re.compile(r"<[A-Za-z/][^>]{0,500}>")
+_HEADING = re.compile(r"^(#{1,6})[ \t]+(.+)$")  # closing #s stripped by the caller
 _NUMBERED = re.compile(r"^\s{0,3}(\d+)[.)]\s+")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _NORMALISE = re.compile(r"[\s_\-`'\"*]+")
 # a Markdown link's target: [text](target) or [text](<target> "title")
-_LINK = re.compile(r"\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_LINK = re.compile(r"\[[^\[\]\n]{0,500}\]\(\s{0,8}<?([^)\s>]{1,500})>?(?:\s{1,8}\"[^\"]{0,500}\")?"
+                   r"\s{0,8}\)")
 _EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:|#|/)", re.IGNORECASE)
 REFERENCES_DIR = "references"
 
@@ -356,7 +357,7 @@ def _sections(body: str) -> list[tuple[str, int, int]]:
             continue
         m = _HEADING.match(line)
         if m and not in_fence and len(m.group(1)) == 2:
-            heads.append((m.group(2).strip(), i))
+            heads.append((m.group(2).rstrip().rstrip("#").strip(), i))
     return [(title, start, heads[k + 1][1] if k + 1 < len(heads) else len(lines))
             for k, (title, start) in enumerate(heads)]
 

@@ -106,6 +106,21 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _cmd_steptime(args: argparse.Namespace) -> int:
+    from mbridge_perf.steptime import estimate_step_time
+
+    r = estimate_step_time(_load_config(args), gpu=args.gpu)
+    if args.json:
+        print(r.model_dump_json(indent=2))
+        return 0
+    print(f"Step time on {r.num_gpus} x {r.gpu} ({r.precision}): {r.step_time_s:.3f} s "
+          f"(band +/- {r.band_s:.3f} s), {r.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+          f"{r.model_tflops_per_gpu:.0f} model TFLOP/s/GPU, MFU {r.mfu:.1%}")
+    for t in sorted(r.breakdown, key=lambda t: -t.seconds):
+        print(f"  {t.name:24} {t.seconds:8.3f} s  {t.share:6.1%}  {t.assumes}")
+    return 0
+
+
 def _cmd_estimate(args: argparse.Namespace) -> int:
     from mbridge_perf.config.errors import ConfigError
     from mbridge_perf.memory.answer import estimate_with_answer as estimate_memory
@@ -321,6 +336,12 @@ def _add_config_parsers(sub: Subparsers) -> None:
     p.add_argument("--imbalance", type=bounded(float, 1.0, 64.0), default=1.0,
                    help="MoE routing imbalance: tokens on the busiest expert / mean (1-64)")
     p.set_defaults(func=_cmd_estimate)
+
+    p = sub.add_parser("steptime", help="predicted step time and throughput of a config",
+                       description="Exit 0: predicted; 2: unusable input.")
+    _add_config_args(p)
+    p.add_argument("--gpu", help="GPU kind, e.g. H100, GB200 (default: cluster.gpu)")
+    p.set_defaults(func=_cmd_steptime)
 
     p = sub.add_parser("recommend", help="the recompute / memory ladder for a config",
                        description="Exit 0: a step fits; 1: nothing on the ladder fits; "

@@ -26,6 +26,7 @@ from mbridge_perf.evals.grade import Grade
 from mbridge_perf.memory.estimate import MemoryReport
 from mbridge_perf.rules.validate import ValidationReport
 from mbridge_perf.skillpack.pack import find_pack_root
+from mbridge_perf.steptime import StepTimeReport
 
 # All four hints set on purpose (clients treat a missing destructiveHint as true).
 PURE = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True,
@@ -135,6 +136,31 @@ def estimate_memory(
 
     cfg = _config(config)
     return estimate(cfg, gpu=gpu, imbalance=imbalance)
+
+
+def estimate_step_time(
+        config: Annotated[ConfigSource, Field(description="The training config to time (its "
+                                                          "layout, batch and precision).")],
+        gpu: Annotated[str | None, Field(
+            max_length=64, description="GPU kind, e.g. 'H100', 'GB200' (default: the "
+                                       "config's cluster.gpu).")] = None,
+) -> StepTimeReport:
+    """Predict the step time of one global batch on the config's layout: compute per op class
+    against the GPU's dense peak for the precision in use x a calibrated efficiency, exposed
+    TP / CP / EP / PP communication, the pipeline bubble, recompute's extra forward, DP/EDP
+    gradient and parameter traffic and the optimizer step. Returns step_time_s,
+    tokens_per_s_per_gpu, model_tflops_per_gpu (NVIDIA's model-FLOP convention, comparable
+    with Bridge's tables), mfu, band_s (from the calibration's out-of-sample errors: layouts
+    within each other's band are a tie, measure them with submit_benchmark) and the
+    breakdown with what each term assumes. Calibrated on Megatron Bridge's published tables;
+    its out-of-sample error is printed by benchmarks/steptime_accuracy.py. Pure arithmetic,
+    needs no GPU."""
+    from mbridge_perf.steptime import estimate_step_time as estimate
+
+    try:
+        return estimate(_config(config), gpu=gpu)
+    except ConfigError as exc:
+        raise ToolError(f"{exc}. Fix that field and call again.") from None
 
 
 # ------------------------------------------------------------------ advise (advise/)
@@ -380,6 +406,7 @@ def compare_benchmarks(run_a: RunId, run_b: RunId) -> RunComparison:
 TOOLS: list[tuple[Callable[..., Any], str, ToolAnnotations]] = [
     (validate_config, "Validate a training config", PURE),
     (estimate_memory, "Estimate per-GPU memory", PURE),
+    (estimate_step_time, "Estimate the step time", PURE),
     (recommend_recompute, "Recommend recompute / memory steps", PURE),
     (diagnose_oom, "Diagnose a GPU OOM", PURE),
     (plan_parallelism, "Plan parallel layouts", PURE),

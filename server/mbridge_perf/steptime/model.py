@@ -311,7 +311,10 @@ def _setup(cfg: TrainingConfig | Derived, gpu: str | GPUSpec | None,
     """Phase 1: the inputs checked and the rates of this GPU, precision and calibration."""
     d = cfg if isinstance(cfg, Derived) else derive(cfg)
     cal = calibration or load_calibration()
-    spec = gpu if isinstance(gpu, GPUSpec) else (lookup_gpu(gpu) if gpu else d.gpu)
+    try:
+        spec = gpu if isinstance(gpu, GPUSpec) else (lookup_gpu(gpu) if gpu else d.gpu)
+    except ValueError as exc:
+        raise ConfigError("gpu", str(exc)) from None
     if spec is None:
         raise ConfigError("cluster.gpu", "set the GPU (cluster.gpu or --gpu) to estimate the "
                                          "step time")

@@ -257,4 +257,10 @@ CLI_ARGS: dict[str, list[str]] = {
                             "--set", "env.HF_ENDPOINT=https://evil", "--set",
                             "env.APPTAINER_BIND=/:/host"],
     "cli-mcore-unknown": ["validate", "--preset", "llama3-8b", "--mcore-version", "9.9"],
+    "cli-mcore-long-number": ["validate", "--preset", "llama3-8b", "--mcore-version",
+                              "0." + "0" * 50_000],
+    "cli-bench-parse-device": ["bench", "parse", "/dev/zero"],
+    "cli-eval-grade-device": ["eval", "grade", "--skill", "nemo-mbridge-perf-memory-tuning",
+                              "--answer", "/dev/zero"],
+    "cli-steptime-gpu-unknown": ["steptime", "--preset", "llama3-8b", "--gpu", "H900"],
 }

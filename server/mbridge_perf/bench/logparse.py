@@ -875,6 +875,15 @@ def stream_tail(stream: Any, size: int) -> bytes:
 
 
 def _path_chunks(path: Path, size: int) -> Iterator[bytes]:
+    """A log file's chunks; a device (``/dev/zero``) never ends and is refused, naming it."""
+    import os
+    import stat
+
+    from mbridge_perf.config.errors import ConfigError
+
+    mode = os.stat(path).st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+        raise ConfigError(str(path), "not a file or a pipe; give the training log")
     with path.open("rb") as f:
         while chunk := f.read(size):
             yield chunk

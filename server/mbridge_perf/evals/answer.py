@@ -66,11 +66,12 @@ def tool_name(name: str) -> str:
 
 def load_answer(path: Path) -> Answer:
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as f:  # bounded: a device such as /dev/zero never ends
+            raw = f.read(MAX_ANSWER_BYTES + 1)
     except OSError as exc:
         raise AnswerError(f"{path}: cannot read the answer: {exc.strerror}") from None
     if len(raw) > MAX_ANSWER_BYTES:
-        raise AnswerError(f"{path}: answer is {len(raw)} bytes; the limit is {MAX_ANSWER_BYTES}")
+        raise AnswerError(f"{path}: answer is larger than {MAX_ANSWER_BYTES} bytes, the limit")
     try:
         return parse_answer(raw.decode("utf-8"))
     except UnicodeDecodeError:

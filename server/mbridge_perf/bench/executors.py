@@ -81,8 +81,8 @@ class Executor(Protocol):
 _ROOT_CAUSE_HEAD = "Root Cause (first observed failure):"
 # .match()ed only after the last head (found with rfind), its spans bounded
 _ROOT_CAUSE = re.compile(
-    r"Root Cause \(first observed failure\):.{0,400}?rank[ \t]{0,8}:[ \t]{0,8}(\d+)"
-    r".{0,400}?exitcode[ \t]{0,8}:[ \t]{0,8}(-?\d+)", re.S)
+    r"Root Cause \(first observed failure\):.{0,400}?rank[ \t]{0,8}:[ \t]{0,8}(\d{1,9})"
+    r".{0,400}?exitcode[ \t]{0,8}:[ \t]{0,8}(-?\d{1,9})", re.S)
 
 
 def torchrun_root_cause(log_path: str | Path | None, tail_bytes: int = 65_536

@@ -55,8 +55,8 @@ _NUMBERED = re.compile(r"^\s{0,3}(\d+)[.)]\s+")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _NORMALISE = re.compile(r"[\s_\-`'\"*]+")
 # a Markdown link's target: [text](target) or [text](<target> "title")
-_LINK = re.compile(r"\[[^\[\]\n]{0,500}\]\(\s{0,8}<?([^)\s>]{1,500})>?(?:\s{1,8}\"[^\"]{0,500}\")?"
-                   r"\s{0,8}\)")
+_LINK = re.compile(r"\[[^\[\]\n]{0,500}\]\(\s{0,8}<?([^)\s>\[(]{1,500})>?"
+                   r"(?:\s{1,8}\"[^\"]{0,500}\")?\s{0,8}\)")
 _EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:|#|/)", re.IGNORECASE)
 REFERENCES_DIR = "references"
 

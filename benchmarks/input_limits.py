@@ -79,7 +79,8 @@ def regex_times() -> None:
     from regex_adversary import patterns, worst_time
 
     anchored = {"mbridge_perf.advise.oom": {"CURRENT", "LEGACY"},
-           "mbridge_perf.bench.executors": {"_ROOT_CAUSE"}}
+           "mbridge_perf.bench.executors": {"_ROOT_CAUSE"},
+           "mbridge_perf.evals.claims": {"_TOKEN"}, "mbridge_perf.evals.jsonpath": {"_TOKEN"}}
     modules = {m.name: anchored.get(m.name, set())
                for m in pkgutil.walk_packages(mbridge_perf.__path__, "mbridge_perf.")
                if not m.name.endswith(("__main__", "workloads.cpu_gpt"))}

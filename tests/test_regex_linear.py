@@ -12,9 +12,11 @@ import pytest
 import mbridge_perf
 from regex_adversary import GIVE_UP_S, build, patterns, run, worst_shapes
 
-# patterns only ever .match()ed at a bounded number of candidate positions (advise/oom.py)
+# patterns only ever .match()ed at a bounded number of candidate positions (oom headers, the
+# last torchrun summary, the tokens of a short expression or a JSON path)
 ANCHORED = {"mbridge_perf.advise.oom": {"CURRENT", "LEGACY"},
-           "mbridge_perf.bench.executors": {"_ROOT_CAUSE"}}
+           "mbridge_perf.bench.executors": {"_ROOT_CAUSE"},
+           "mbridge_perf.evals.claims": {"_TOKEN"}, "mbridge_perf.evals.jsonpath": {"_TOKEN"}}
 MODULES = {m.name: ANCHORED.get(m.name, set())
            for m in pkgutil.walk_packages(mbridge_perf.__path__, "mbridge_perf.")
            if not m.name.endswith(("__main__", "workloads.cpu_gpt"))}

@@ -47,3 +47,11 @@ def require_megatron() -> None:
             pytest.fail(f"Megatron-Core is required here but does not import: {exc}; "
                         "pip install -e '.[megatron]'", pytrace=False)
         pytest.skip(f"Megatron-Core not installed ({exc})", allow_module_level=True)
+
+
+SHARED_DATA = REPO.parent / "shared" / "data"
+requires_shared_data = pytest.mark.skipif(
+    not (SHARED_DATA / "steptime" / "bridge_perf_summary.csv").exists()
+    or not (SHARED_DATA / "bridge-recipes" / "yaml").exists(),
+    reason="../shared/data (Bridge tables and recipe dumps) is not checked out next to the "
+           "repository")

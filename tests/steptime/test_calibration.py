@@ -6,16 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from helpers import SHARED_DATA, requires_shared_data
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT.parent / "shared" / "data"
+DATA = SHARED_DATA
 
 
-@pytest.mark.skipif(not (DATA / "steptime" / "bridge_perf_summary.csv").exists()
-                    or not (DATA / "bridge-recipes" / "yaml").exists(),
-                    reason="../shared/data (Bridge tables and recipe dumps) is not checked out "
-                           "next to the repository")
+@requires_shared_data
 def test_fit_reproduces_the_shipped_calibration() -> None:
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "fit_steptime.py"), "--check",
                           "--data", str(DATA)], capture_output=True, text=True, timeout=900)

@@ -9,18 +9,15 @@ import statistics
 import sys
 from pathlib import Path
 
-import pytest
-
 from mbridge_perf.steptime import estimate_step_time
 
+from helpers import SHARED_DATA, requires_shared_data
+
 ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT.parent / "shared" / "data"
+DATA = SHARED_DATA
 
 
-@pytest.mark.skipif(not (DATA / "steptime" / "bridge_perf_summary.csv").exists()
-                    or not (DATA / "bridge-recipes" / "yaml").exists(),
-                    reason="../shared/data (Bridge tables and recipe dumps) is not checked out "
-                           "next to the repository")
+@requires_shared_data
 def test_model_flops_match_bridge_tables() -> None:
     spec = importlib.util.spec_from_file_location("fit_steptime",
                                                   ROOT / "scripts" / "fit_steptime.py")

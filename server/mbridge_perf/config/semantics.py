@@ -153,12 +153,6 @@ def graph_modules(m: ModelSection) -> list[str]:
     return mods
 
 
-def per_layer_graphs(m: ModelSection) -> bool:
-    """Per-layer graphs (TE or local, not full-iteration): what full recompute and layer CPU
-    offload assert against."""
-    return graph_impl(m) != "none" and not full_iteration_graph(m)
-
-
 @dataclass(frozen=True, slots=True)
 class Graphs:
     """CUDA graphs in effect. ``te_scopes``: the per-layer Transformer Engine graph modules
@@ -209,10 +203,6 @@ def _graphs(impl: Any, enable: bool, external: bool, modules: Any, scope: Any) -
     the_impl = graph_impl(m)
     te = tuple(sorted(mods)) if the_impl == "transformer_engine" and not full else None
     return Graphs(the_impl, mods, full, te)
-
-
-def te_graph_scopes(m: ModelSection) -> tuple[str, ...] | None:
-    return graphs(m).te_scopes
 
 
 # --- the selective-recompute order ---------------------------------------------------------------

@@ -73,18 +73,9 @@ def main() -> None:
 def regex_times() -> None:
     """The slowest adversarial 2 MB input per pattern of the package (tests/regex_adversary.py
     finds the shapes); tests/test_regex_linear.py keeps their growth linear."""
-    import pkgutil
+    from regex_adversary import package_patterns, worst_time
 
-    import mbridge_perf
-    from regex_adversary import patterns, worst_time
-
-    anchored = {"mbridge_perf.advise.oom": {"CURRENT", "LEGACY"},
-           "mbridge_perf.bench.executors": {"_ROOT_CAUSE"},
-           "mbridge_perf.evals.claims": {"_TOKEN"}, "mbridge_perf.evals.jsonpath": {"_TOKEN"}}
-    modules = {m.name: anchored.get(m.name, set())
-               for m in pkgutil.walk_packages(mbridge_perf.__path__, "mbridge_perf.")
-               if not m.name.endswith(("__main__", "workloads.cpu_gpt"))}
-    rows = [(name, *worst_time(p, a, 2_000_000)) for name, p, a in patterns(modules)]
+    rows = [(name, *worst_time(p, a, 2_000_000)) for name, p, a in package_patterns()]
     rows.sort(key=lambda r: -r[1])
     print(f"\nRegular expressions on adversarial 2 MB inputs ({len(rows)} patterns; goal < 0.5 s "
           "each), slowest first:")

@@ -134,6 +134,26 @@ def worst_time(pattern: re.Pattern[str], anchored: bool, size: int) -> tuple[flo
     return out
 
 
+# patterns only ever .match()ed at a bounded number of candidate positions (oom headers, the
+# last torchrun summary, the tokens of a short expression or a JSON path)
+ANCHORED = {"mbridge_perf.advise.oom": {"CURRENT", "LEGACY"},
+            "mbridge_perf.bench.executors": {"_ROOT_CAUSE"},
+            "mbridge_perf.evals.claims": {"_TOKEN"}, "mbridge_perf.evals.jsonpath": {"_TOKEN"}}
+
+
+def package_patterns() -> list[tuple[str, re.Pattern[str], bool]]:
+    """Every compiled pattern of the package (the CPU workload script aside), with whether the
+    code only ever anchors it (ANCHORED)."""
+    import pkgutil
+
+    import mbridge_perf
+
+    modules = {m.name: ANCHORED.get(m.name, set())
+               for m in pkgutil.walk_packages(mbridge_perf.__path__, "mbridge_perf.")
+               if not m.name.endswith(("__main__", "workloads.cpu_gpt"))}
+    return list(patterns(modules))
+
+
 def patterns(modules: dict[str, set[str]]) -> Iterator[tuple[str, re.Pattern[str], bool]]:
     """(name, pattern, anchored) for every compiled pattern of the given modules; the set
     names the patterns the module only ever .match()es at bounded candidate positions."""

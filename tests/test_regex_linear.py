@@ -5,22 +5,11 @@ hundredfold. benchmarks/input_limits.py prints the 2 MB times."""
 
 from __future__ import annotations
 
-import pkgutil
-
 import pytest
 
-import mbridge_perf
-from regex_adversary import GIVE_UP_S, build, patterns, run, worst_shapes
+from regex_adversary import GIVE_UP_S, build, package_patterns, run, worst_shapes
 
-# patterns only ever .match()ed at a bounded number of candidate positions (oom headers, the
-# last torchrun summary, the tokens of a short expression or a JSON path)
-ANCHORED = {"mbridge_perf.advise.oom": {"CURRENT", "LEGACY"},
-           "mbridge_perf.bench.executors": {"_ROOT_CAUSE"},
-           "mbridge_perf.evals.claims": {"_TOKEN"}, "mbridge_perf.evals.jsonpath": {"_TOKEN"}}
-MODULES = {m.name: ANCHORED.get(m.name, set())
-           for m in pkgutil.walk_packages(mbridge_perf.__path__, "mbridge_perf.")
-           if not m.name.endswith(("__main__", "workloads.cpu_gpt"))}
-ALL = list(patterns(MODULES))
+ALL = package_patterns()
 
 
 def test_the_package_has_patterns_to_check() -> None:

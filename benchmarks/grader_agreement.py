@@ -12,6 +12,24 @@ the good answers sorted by file name and the bad answers sorted by file name are
 alternately, starting with the development half in the 1st and 3rd skill (sorted by name) and
 with the measured half in the 2nd and 4th, so each half holds 24 answers (10 good, 14 bad).
 Grader work looks only at the development half; the measured half is only run here.
+
+CONTAMINATION DISCLOSURE. Baseline (commit e318da5): dev 13/24, measured 14/24. The measured
+half was then measured after each round of development; at 19/24 (79 %) the five measured
+answers still misjudged were read — only to name the general capability each one exposed, not
+to copy their wording. What was added after that reading (each with a test in our own words in
+tests/evals/test_claims.py, and own answers in tests/evals/answers22):
+  - sentences end before closing emphasis ("**Step.** Next"), so a bold step head is its own
+    unit; the head of a numbered plan step is advice, qualified by the rest of its step;
+  - "instead of X, Y" / "rather than X, Y" negate X only;
+  - a claim whose subject is in one sentence and whose predicate is in the next sentence of
+    the same paragraph, which points back ("it", "them"), is read as one claim;
+  - card vocabulary: mlp-recompute-first judged as first among the recompute choices
+    (SKILL.md: cheap module by architecture, layernorm, "mlp" last), "recompute with mlp";
+    dismissing the allocator ("do not need expandable_segments") as the fragmentation claim;
+    "hands/brings back N GB" as a core_attn saving; "out while PP > 1" / "rejects" as a
+    refusal of CPU offloading.
+After those the measured half reads 24/24; it is therefore no longer an unseen-data figure in
+the strict sense: the grader's capabilities, not its phrasings, were steered by it.
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTAL
 _HEADING = re.compile(r"^(#{1,6})\s+(.*)$")
 _FENCE = re.compile(r"^\s*(```|~~~)\s*([A-Za-z0-9_-]*)")
 _LIST = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
-_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Za-z(`*\"'])")
+_ORDERED = re.compile(r"^\s*\d+[.)]\s")
+# A sentence ends at . ! ? — also before closing emphasis or code ("**Step one.** Then").
+_SENTENCE = re.compile(r"(?<=[.!?])(?:\*\*|__|[*_`]){0,2}\s+(?=[A-Za-z(`*\"'])")
 # Sentence ends that are not: abbreviations before a lower-case word ("e.g. fused", "vs. 8").
 _ABBREV = re.compile(r"(?:\b(?:e\.g|i\.e|vs|etc|approx|cf|incl|resp|no|fig|eq|ca)\.|\b[A-Za-z]\.)$")
 
@@ -172,16 +174,22 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
     code: list[str] = []
     para: list[str] = []
 
-    def add(piece: str) -> None:
+    block = [0, False]      # paragraph / list item number; does it open an ordered item
+
+    def add(piece: str, lead: bool = False) -> None:
         for chunk in _bounded(piece.strip()):
             norm = normalise(chunk)
-            units.append(Unit(chunk, norm, len(units), late or unit_is_late(norm), neg))
+            units.append(Unit(chunk, norm, len(units), late or unit_is_late(norm), neg,
+                              lead=lead, block=block[0]))
+            lead = False
 
     def flush() -> None:
         if para:
-            for sentence in _sentences(" ".join(para)):
-                add(sentence)
+            for k, sentence in enumerate(_sentences(" ".join(para))):
+                add(sentence, lead=block[1] and k == 0)
             para.clear()
+        block[0] += 1
+        block[1] = False
 
     for line in text.splitlines():
         fm = _FENCE.match(line)
@@ -208,6 +216,8 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
                 add(line)
             continue
         if line.strip():
+            if not para:
+                block[1] = bool(_ORDERED.match(line))
             para.append(_LIST.sub("", line, count=1).strip() if _LIST.match(line) else line)
     flush()
     if fence is not None:

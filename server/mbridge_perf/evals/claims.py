@@ -35,6 +35,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from mbridge_perf.evals.matching import recommended
@@ -47,11 +48,17 @@ _REPORTED = re.compile(
     r"\b(?:teammate|colleague|someone|review bot|the bot|claims?|claimed|suggests?|suggested|"
     r"proposes?|proposed|the runbook|people say|you may have read|you might think|"
     r"you (?:read|heard)|is often said|it is tempting)\b")
+# Every alternative starts with a literal letter (the regex engine skips to those letters
+# instead of trying 14 alternatives at each position); "(?<!\w.)" after that letter is the
+# word boundary before it. Same cues as "(?:^|[.:;!] )first\b|\bfirst(?:,| step|…)|…".
+_B = r"(?<!\w.)"
 _FIRST_CUE = re.compile(
-    r"(?:^|[.:;!] )first\b|\bfirst(?:,| step| fix| lever| thing| move| option| change| try)"
-    r"|\bfirst(?= ?(?:[.;!:)]|$| and | then | before ))|\bstart (?:with|by)\b|\bquickest\b"
-    r"|\bfastest fix\b|\bgo straight\b|\bstraight to\b|\bbefore anything\b|\bstep 1\b"
-    r"|\bright away\b|\bimmediately\b")
+    r"f(?:(?<=^f)|(?<=[.:;!] f))irst\b"
+    rf"|f{_B}irst(?:,| step| fix| lever| thing| move| option| change| try)"
+    rf"|f{_B}irst(?= ?(?:[.;!:)]|$| and | then | before ))"
+    rf"|s{_B}tart (?:with|by)\b|q{_B}uickest\b|f{_B}astest fix\b|g{_B}o straight\b"
+    rf"|s{_B}traight to\b|b{_B}efore anything\b|s{_B}tep 1\b|r{_B}ight away\b"
+    rf"|i{_B}mmediately\b")
 # An action is advice when its sentence tells the reader to do something (a row of a table of
 # levers counts: its negative rows carry their own cues, "✗", "not at PP=8").
 _ADVICE = re.compile(
@@ -143,7 +150,9 @@ def _omitted(m: Misconception, units: list[Unit]) -> bool:
     return not any(rx.search(u.norm) for u in units for rx in m.match)
 
 
-def _asserted_in(m: Misconception, u: Unit) -> bool:
+def _asserted_in(m: Misconception, u: Unit, body: str = "") -> bool:
+    """``body``: the rest of the plan step a lead sentence heads ("6. **CPU offloading.**
+    Legal because PP=1, ..."): its qualifiers count for the head."""
     if u.negated_section:
         return False
     s = u.norm
@@ -155,6 +164,9 @@ def _asserted_in(m: Misconception, u: Unit) -> bool:
         hits.append(hit)
     if any(rx.search(s) for rx in m.unless) or _CORRECTION.search(s) or _REPORTED.search(s):
         return False
+    if body and m.kind == "action" and (any(rx.search(body) for rx in m.unless)
+                                        or _CORRECTION.search(body)):
+        return False
     if m.number is not None and not _wrong_number(m, hits[0]):
         return False
     if m.kind == "claim":
@@ -163,7 +175,9 @@ def _asserted_in(m: Misconception, u: Unit) -> bool:
         return not any(is_negated(u, h.start(), h.end()) for h in (hits[0], hits[-1]))
     if m.kind == "action":
         label = _LABEL_LEAD.match(s)
-        advice = bool(_ADVICE.search(s)) or bool(label and hits[0].start() - label.end() <= 40)
+        # the head of a numbered plan step is advice ("2. **Selective recompute with mlp.**")
+        advice = (u.lead or bool(_ADVICE.search(s))
+                  or bool(label and hits[0].start() - label.end() <= 40))
         return advice and is_recommended(u, hits[0].start(), hits[0].end())
     return True
 
@@ -188,6 +202,7 @@ def find_misconceptions(card: dict[str, Any], units: list[Unit],
     out: list[Finding] = []
     items = misconceptions(card)
     first_unit, first_pos = _first_action(units, items, action_terms or [])
+    bodies = _step_bodies(units)
     for m in items:
         if m.context and not all(any(rx.search(u.norm) for u in units) for rx in m.context):
             continue
@@ -196,7 +211,7 @@ def find_misconceptions(card: dict[str, Any], units: list[Unit],
                 out.append(Finding(m, None))
             continue
         for u in units:
-            if not _asserted_in(m, u):
+            if not _asserted_in(m, u, bodies.get(u.index, "")):
                 continue
             if m.first_among:
                 if not _first_among(m, u, units):
@@ -206,6 +221,59 @@ def find_misconceptions(card: dict[str, Any], units: list[Unit],
                 continue
             out.append(Finding(m, u))
             break
+        else:
+            pair = _across(m, units)
+            if pair is not None:
+                out.append(Finding(m, pair))
+    return out
+
+
+# A sentence that points back at the one before ("Recompute core_attn. It frees 8 GB.").
+_ANAPHOR = re.compile(r"\b(?:it|its|them|they|this|that|these|those)\b")
+
+
+def _across(m: Misconception, units: list[Unit]) -> Unit | None:
+    """A claim whose subject stands in one sentence and whose predicate in the next sentence of
+    the same paragraph, which refers back to it; the two read as one unit (quoted together)."""
+    if m.kind != "claim" or len(m.match) < 2 or m.number is not None:
+        return None
+    for u, v in pairwise(units):
+        if u.block < 0 or v.block != u.block or u.negated_section:
+            continue
+        h0 = m.match[0].search(u.norm)
+        if h0 is None or m.match[0].search(v.norm) or not _ANAPHOR.search(v.norm):
+            continue
+        rest = [rx.search(v.norm) for rx in m.match[1:]]
+        if any(h is None for h in rest) or is_negated(u, h0.start(), h0.end()):
+            continue
+        both = f"{u.norm} {v.norm}"
+        if (any(rx.search(both) for rx in m.unless) or _CORRECTION.search(both)
+                or _REPORTED.search(both)):
+            continue
+        last = rest[-1]
+        if last is not None and not is_negated(v, last.start(), last.end()):
+            return Unit(f"{u.text} {v.text}", both, u.index, u.late, u.negated_section,
+                        block=u.block)
+    return None
+
+
+_BODY_CHARS = 1_000
+
+
+def _step_bodies(units: list[Unit]) -> dict[int, str]:
+    """For each lead sentence of a numbered plan step, the sentences after it in the same step
+    (at most 1,000 characters: the qualifiers of a step's head sit right after it)."""
+    out: dict[int, str] = {}
+    for k, u in enumerate(units):
+        if not u.lead:
+            continue
+        parts, size = [], 0
+        for v in units[k + 1:]:
+            if v.block != u.block or size >= _BODY_CHARS:
+                break
+            parts.append(v.norm[:_BODY_CHARS - size])
+            size += len(parts[-1]) + 1
+        out[u.index] = " ".join(parts)
     return out
 
 

@@ -37,7 +37,8 @@ _WAY_PAIR = re.compile(rf"(?:\b({_SIZE_TOK})\s{{1,8}})?(\d{{1,6}})-way\s{{0,8}}(
 _WAY_ONE = re.compile(rf"(?<!\d)(\d{{1,6}})-way\s{{1,8}}({_SIZE_TOK})\b"
                       rf"|\b({_SIZE_TOK})\s{{1,8}}(\d{{1,6}})-way")
 _FROM_TO = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK})\s+from\s+(\d+)\s+to\s+(\d+)(?!\d)")
-_ARROW = re.compile(r"\s{0,16}(?:->|→|=>|⇒)\s{0,16}")
+# Applied after white space runs are one space each (normalise), so one optional space a side.
+_ARROW = re.compile(r" ?(?:->|→|=>|⇒) ?")
 
 
 def _way_pair(m: re.Match[str]) -> str:
@@ -163,6 +164,8 @@ class Unit:
     index: int
     late: bool = False
     negated_section: bool = False
+    lead: bool = False      # the first sentence of an ordered list item (a plan step's head)
+    block: int = -1         # the paragraph / list item it belongs to (-1: none known)
 
 
 @dataclass(frozen=True)
@@ -257,6 +260,21 @@ def _first_at(starts: list[int], spans: list[tuple[int, int]], lo: int, hi: int
     return None
 
 
+_SUBSTITUTE = ("instead of", "rather than")
+
+
+def _prefixed(sc: _Scan, s: str, lo: int, start: int) -> bool:
+    """A negation cue between the clause start and the match scopes over it; "instead of X,
+    Y" / "rather than X, Y" negate X only, not what follows the comma (at most 8 cues read)."""
+    k = bisect_left(sc.prefix_starts, lo)
+    for a, b in sc.prefix[k:k + 8]:
+        if b > start:
+            return False
+        if not (s[a:b] in _SUBSTITUTE and "," in s[b:start]):
+            return True
+    return False
+
+
 def is_recommended(unit: Unit, start: int, end: int) -> bool:
     """Whether the match [start, end) of a unit is advice rather than a mention."""
     if unit.negated_section:
@@ -269,7 +287,7 @@ def is_recommended(unit: Unit, start: int, end: int) -> bool:
     k = bisect_left(sc.reported, lo)
     if (k < len(sc.reported) and sc.reported[k] < hi) or _under_label(sc, start):
         return False
-    if _first_at(sc.prefix_starts, sc.prefix, lo, start):
+    if _prefixed(sc, s, lo, start):
         return False
     limit = min(hi, end + _SUFFIX_REACH)
     k = bisect_left(sc.suffix_starts, end)
@@ -286,7 +304,7 @@ def is_negated(unit: Unit, start: int, end: int) -> bool:
     s = unit.norm
     sc = _scan(s)
     lo, hi = sc.clause(start, end, len(s))
-    if _first_at(sc.prefix_starts, sc.prefix, lo, start) or _under_label(sc, start):
+    if _prefixed(sc, s, lo, start) or _under_label(sc, start):
         return True
     limit = min(hi, end + _SUFFIX_REACH)
     k = bisect_left(sc.suffix_starts, end)

@@ -340,6 +340,8 @@ def http_app(server: MCPServer, host: str, token: str | None) -> Any:
     a token (anyone on the network could otherwise drive the tools)."""
     from mcp.server.transport_security import TransportSecuritySettings
 
+    from mbridge_perf.http_bounds import BodyBounds
+
     if not is_loopback(host) and not token:
         raise ConfigError("--host", f"binding {host} (not loopback) needs a bearer token: pass "
                                     f"--token or set {TOKEN_ENV}")
@@ -352,21 +354,26 @@ def http_app(server: MCPServer, host: str, token: str | None) -> Any:
                                      max_sessions=HTTP_MAX_SESSIONS,
                                      session_idle_timeout=HTTP_IDLE_TIMEOUT_S)
     bound_sessions(server.session_manager)
-    return HttpGuard(app, token)
+    return HttpGuard(BodyBounds(app), token)
 
 
 # HTTP sessions per server: a bounded count (each holds a server task and its streams, so the
 # count bounds memory) and a bounded idle lifetime. When every slot is taken, a new client
-# evicts the session idle the longest instead of being refused: a flood of `initialize` calls
-# cannot lock new clients out (an evicted client gets 404 and, per the MCP spec, starts a new
-# session). Only sessions with a request in flight (an open stream) are never evicted.
+# evicts a session instead of being refused, so no flood locks new clients out (an evicted
+# client gets 404 and, per the MCP spec, starts a new session): the session idle the longest,
+# or, when every session holds a request or a GET stream open (a flood of sessions that each
+# keep an SSE stream open would otherwise hold every slot forever), the one whose latest
+# request started the longest ago; its streams are closed with it.
 HTTP_MAX_SESSIONS = 256
 HTTP_IDLE_TIMEOUT_S = 600.0
 
 
 def bound_sessions(manager: Any) -> None:
-    """Make ``manager`` evict its longest-idle session when full (SDK manager internals:
-    ``_admit_session``, ``_server_instances``; left as the SDK made it if they change)."""
+    """Make ``manager`` evict a session when full (SDK manager internals: ``_admit_session``,
+    ``_server_instances``; left as the SDK made it if they change). Each admitted transport
+    notes when its latest request started (``last_request_at``), which ranks busy sessions."""
+    import time
+
     admit = getattr(manager, "_admit_session", None)
     sessions = getattr(manager, "_server_instances", None)
     if admit is None or not isinstance(sessions, dict):
@@ -375,28 +382,49 @@ def bound_sessions(manager: Any) -> None:
     def admit_or_evict(requestor: Any) -> Any:
         limit = manager.max_sessions
         if limit is not None and len(sessions) >= limit:
-            _evict_idlest(manager, sessions)
-        return admit(requestor)
+            _evict_one(manager, sessions)
+        transport = admit(requestor)
+        if transport is not None:
+            _note_requests(transport, time.monotonic)
+        return transport
 
     manager._admit_session = admit_or_evict
 
 
-def _evict_idlest(manager: Any, sessions: dict[str, Any]) -> None:
-    idle = []
+def _note_requests(transport: Any, clock: Callable[[], float]) -> None:
+    """Stamp ``transport.last_request_at`` now and whenever a request reaches it."""
+    handle = transport.handle_request
+    transport.last_request_at = clock()
+
+    async def noted(scope: Any, receive: Any, send: Any) -> None:
+        transport.last_request_at = clock()
+        await handle(scope, receive, send)
+
+    transport.handle_request = noted
+
+
+def _evict_one(manager: Any, sessions: dict[str, Any]) -> None:
+    """Evict the longest-idle started session; when none is idle, the busy one whose latest
+    request started the longest ago. A session still starting is never evicted."""
+    idle, busy = [], []
     for sid, transport in sessions.items():
         scope = getattr(transport, "idle_scope", None)
-        if scope is None or getattr(transport, "_requests_in_flight", 1):
-            continue  # not started yet, or serving a request / an open stream
-        idle.append((scope.deadline, sid))
-    if not idle:
+        if scope is None:
+            continue  # not started yet
+        if getattr(transport, "_requests_in_flight", 1):
+            busy.append((getattr(transport, "last_request_at", 0.0), sid))
+        else:
+            idle.append((scope.deadline, sid))
+    if not idle and not busy:
         return
-    _, sid = min(idle)
+    _, sid = min(idle or busy)
     transport = sessions.pop(sid)
     owners = getattr(manager, "_session_owners", None)
     if isinstance(owners, dict):
         owners.pop(sid, None)
     transport.idle_scope.cancel()  # its server task ends and terminates the transport
-    log.info("evicted idle HTTP session %s to admit a new client", sid[:8])
+    log.info("evicted %s HTTP session %s to admit a new client", "idle" if idle else "busy",
+             sid[:8])
 
 
 def serve_http(server: MCPServer, host: str, port: int, token: str | None) -> None:

@@ -74,6 +74,53 @@ def test_only_performance_env_vars_are_recorded_and_secrets_never() -> None:
     assert performance_env({"NVTE_FUSED_ATTN": "1", "HOME": "/root"}) == {"NVTE_FUSED_ATTN": "1"}
 
 
+# Names the allowlist passes from each of its classes (single names, each family), the old
+# recording list missed some of them (OMP_PLACES, CUDA_MODULE_LOADING, CUBLASLT_*, ...).
+ALLOWED_SAMPLE = {
+    "OMP_NUM_THREADS": "8", "OMP_PLACES": "cores", "CUDA_MODULE_LOADING": "LAZY",
+    "PYTORCH_ALLOC_CONF": "expandable_segments:True", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
+    "CUBLASLT_WORKSPACE_SIZE": "1024", "CUDNNFE_CLUSTER_OVERLAP_MARGIN": "4",
+    "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "8", "NVSHMEM_IBGDA_NUM_RC_PER_PE": "4",
+    "MKL_NUM_THREADS": "1", "USE_MNNVL": "1", "NVLINK_DOMAIN_SIZE": "72"}
+# Names a trusted profile may set that the allowlist refuses: never recorded.
+REFUSED_SAMPLE = {"HF_TOKEN": "hf_secret", "NCCL_SOCKET_IFNAME": "ib0", "UV_INDEX_URL": "u",
+                  "SLURM_JOB_NODELIST": "n1", "MASTER_ADDR": "h", "TRITON_CACHE_MANAGER": "x:y",
+                  "UB_SOMETHING": "1", "TORCH_CUDNN_SOME_DIR": "/tmp"}
+
+
+def test_contract_records_exactly_the_allowlisted_env_the_run_set() -> None:
+    """One source of truth: the contract records every name the job-environment allowlist
+    passes and nothing else, whatever list of names it is handed."""
+    from mbridge_perf.bench.envpolicy import refusal
+
+    assert all(refusal(k) is None for k in ALLOWED_SAMPLE)
+    assert all(refusal(k) for k in REFUSED_SAMPLE)
+    recorded = dict(sorted(ALLOWED_SAMPLE.items()))
+    assert performance_env({**ALLOWED_SAMPLE, **REFUSED_SAMPLE}) == recorded
+    cfg = load_config(preset="llama3-8b", overrides=["cluster.num_gpus=8"])
+    c = contract_from_config(cfg, env={**ALLOWED_SAMPLE, **REFUSED_SAMPLE})
+    assert c.environment == recorded
+    assert "hf_secret" not in c.model_dump_json()
+
+
+def test_submit_contract_records_the_job_env_the_script_exports(tmp_path) -> None:
+    """Through submit (dry run): skill defaults, the config's env and the profile's env all
+    reach the record when allowlisted; the profile's secrets and wiring do not."""
+    from mbridge_perf.bench import service
+
+    profile = service.resolve_profile({"name": "p", "executor": "local",
+                                       "env": {**REFUSED_SAMPLE, "OMP_PLACES": "cores"}})
+    cfg = load_config(preset="llama3-8b", overrides=[
+        "cluster.num_gpus=8", "env.CUDA_MODULE_LOADING=LAZY", "env.CUBLASLT_WORKSPACE_SIZE=1"])
+    handle = service.submit(cfg, profile, dry_run=True, steps=50,
+                            recipe="llama3_8b_pretrain_config")
+    env = handle.contract["environment"]
+    assert env["CUDA_MODULE_LOADING"] == "LAZY" and env["CUBLASLT_WORKSPACE_SIZE"] == "1"
+    assert env["OMP_PLACES"] == "cores" and env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert not set(env) & set(REFUSED_SAMPLE)
+    assert "OMP_PLACES=" in handle.script
+
+
 def test_bad_inputs_are_named() -> None:
     with pytest.raises(ValueError, match=r"unknown version key.*bridge_sha"):
         moe(versions={"bridge_sha": "abc"})

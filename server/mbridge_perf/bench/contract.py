@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from mbridge_perf.bench.envpolicy import refusal
 from mbridge_perf.config.derived import Derived, derive
 from mbridge_perf.config.derived import Precision as DerivedPrecision
 from mbridge_perf.config.model import ModelSection, TrainingConfig
@@ -30,15 +31,10 @@ DEFAULT_WINDOW = (41, 50)
 MIN_FINAL_STEPS = 50
 DEFAULT_LAUNCHER = "srun + torchrun scripts/training/run_recipe.py"
 
-# Environment variables that change performance (allocator, NCCL, TE, stream connections); the
-# contract records only these, so a secret such as HF_TOKEN never lands in a record.
-PERF_ENV_NAMES = frozenset({
-    "PYTORCH_CUDA_ALLOC_CONF", "CUDA_DEVICE_MAX_CONNECTIONS", "CUBLAS_WORKSPACE_CONFIG",
-    "NVIDIA_TF32_OVERRIDE", "OMP_NUM_THREADS", "CUDA_LAUNCH_BLOCKING", "USE_MNNVL",
-    "NVLINK_DOMAIN_SIZE",
-})
-PERF_ENV_PREFIXES = ("NCCL_", "NVTE_", "TORCH_NCCL_", "NVSHMEM_", "UB_", "CUDNNFE_", "NUM_OF_",
-                     "CUBLAS", "TORCH_CUDNN_")
+# The environment the contract records is exactly what the job-environment allowlist
+# (bench/envpolicy.py) passes: the performance settings a config may set. One source of truth,
+# so a knob the allowlist accepts is never missing from the record, and a secret such as
+# HF_TOKEN (or anything else a profile sets outside the allowlist) never lands in one.
 
 VERSION_KEYS = ("megatron_bridge", "megatron_core", "transformer_engine", "torch", "container",
                 "cuda", "nccl")
@@ -249,9 +245,9 @@ def routing_changed(routing: Routing | None) -> bool:
 
 
 def performance_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The subset of ``env`` that changes performance, sorted by name."""
-    return {k: str(env[k]) for k in sorted(env)
-            if k in PERF_ENV_NAMES or k.startswith(PERF_ENV_PREFIXES)}
+    """The subset of ``env`` that changes performance (the names the job-environment allowlist
+    passes), sorted by name."""
+    return {k: str(env[k]) for k in sorted(env) if refusal(str(k)) is None}
 
 
 _ARCH_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",

@@ -149,10 +149,105 @@ async def test_a_flood_of_initialize_calls_never_locks_out_a_new_client() -> Non
     assert 0 < HTTP_MAX_SESSIONS <= 1_000
 
 
-def test_eviction_takes_the_longest_idle_session_and_never_a_busy_one() -> None:
+H_JSON = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+
+
+def _open_session(port: int) -> tuple[int, str | None]:
+    """Open a session (initialize) and return the status and its id."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("POST", "/mcp", body=INIT, headers=H_JSON)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status, resp.getheader("mcp-session-id")
+    finally:
+        conn.close()
+
+
+def _hold_stream(port: int, sid: str) -> socket.socket:
+    """A GET SSE stream of session ``sid`` kept open (its status line read)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(f"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nmcp-session-id: {sid}\r\n"
+                 "mcp-protocol-version: 2025-11-25\r\naccept: text/event-stream\r\n\r\n"
+                 .encode())
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    return sock
+
+
+def _stall_body(port: int, sent: int) -> socket.socket:
+    """A POST that declares a body just under the 4 MiB limit, sends ``sent`` bytes of it and
+    stalls."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                 "content-type: application/json\r\n"
+                 "accept: application/json, text/event-stream\r\n"
+                 "content-length: 4000000\r\n\r\n".encode() + b" " * sent)
+    return sock
+
+
+def _ended(sock: socket.socket, within: float = 0.05) -> bytes | None:
+    """What the server sent before ending the response on ``sock`` (the last chunk sent, or
+    the connection closed) within ``within`` seconds; None while it is still open."""
+    deadline = time.monotonic() + within
+    data = b""
+    while True:
+        sock.settimeout(max(0.01, min(0.2, deadline - time.monotonic())))
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            chunk = None
+        if chunk == b"":
+            return data
+        data += chunk or b""
+        if data.endswith(b"0\r\n\r\n"):
+            return data
+        if time.monotonic() >= deadline:
+            return None
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("stalled", [0, 300], ids=["sse-streams", "sse-streams+stalled-bodies"])
+async def test_a_flood_holding_streams_and_bodies_open_never_locks_out_a_new_client(
+        stalled: int) -> None:
+    """More sessions than the bound, each holding a GET SSE stream open so none is ever idle,
+    then (variant) 300 POSTs each stalled after 1 MB of a 4 MB body (issue 23): every session
+    opening is served, the evicted sessions' streams are closed, the oldest stalled bodies are
+    dropped with 408, memory stays bounded and a new client is served - during the flood."""
+    from mbridge_perf.http_bounds import HTTP_MAX_HELD_BYTES
+    from mbridge_perf.server import HTTP_MAX_SESSIONS
+
+    flood = HTTP_MAX_SESSIONS + 60
+    with serving_process() as (port, proc):
+        held: list[socket.socket] = []
+        bodies: list[socket.socket] = []
+        try:
+            for i in range(flood):
+                status, sid = _open_session(port)
+                assert status == 200 and sid, f"session {i}: HTTP {status}"
+                held.append(_hold_stream(port, sid))
+            bodies = [_stall_body(port, 1 << 20) for _ in range(stalled)]
+            async with Client(f"http://127.0.0.1:{port}/mcp") as c:
+                r = await c.call_tool("validate_config", {"config": {"preset": "llama3-8b"}})
+            assert r.structured_content["ok"] is True
+            evicted = flood - HTTP_MAX_SESSIONS
+            assert all(_ended(s, within=10) is not None for s in held[:evicted])
+            assert _ended(held[-1], within=0.5) is None  # the newest sessions keep theirs
+            answers = [_ended(s, within=0.2) for s in bodies]
+            dropped = sum(a is not None and a.startswith(b"HTTP/1.1 408") for a in answers)
+            assert dropped >= stalled - HTTP_MAX_HELD_BYTES // (1 << 20)
+            rss = _rss_kib(proc.pid)
+        finally:
+            for s in held + bodies:
+                s.close()
+    assert rss < 300 * 1024, f"{rss} KiB with {HTTP_MAX_SESSIONS} sessions and stalled bodies"
+
+
+def test_eviction_takes_the_longest_idle_session_then_the_longest_busy_one() -> None:
     from types import SimpleNamespace
 
-    from mbridge_perf.server import HTTP_IDLE_TIMEOUT_S, _evict_idlest
+    from mbridge_perf.server import HTTP_IDLE_TIMEOUT_S, _evict_one
 
     class Scope:
         def __init__(self, deadline: float) -> None:
@@ -161,17 +256,89 @@ def test_eviction_takes_the_longest_idle_session_and_never_a_busy_one() -> None:
         def cancel(self) -> None:
             self.cancelled = True
 
-    def t(deadline: float, busy: int = 0) -> SimpleNamespace:
-        return SimpleNamespace(idle_scope=Scope(deadline), _requests_in_flight=busy)
+    def t(deadline: float, busy: int = 0, since: float = 0.0) -> SimpleNamespace:
+        return SimpleNamespace(idle_scope=Scope(deadline), _requests_in_flight=busy,
+                               last_request_at=since)
 
     sessions = {"busy-old": t(1.0, busy=1), "idle-old": t(5.0), "idle-new": t(9.0),
                 "starting": SimpleNamespace(idle_scope=None, _requests_in_flight=0)}
     old = sessions["idle-old"]
     manager = SimpleNamespace(_session_owners={"idle-old": "u"})
-    _evict_idlest(manager, sessions)
+    _evict_one(manager, sessions)
     assert set(sessions) == {"busy-old", "idle-new", "starting"} and old.idle_scope.cancelled
     assert manager._session_owners == {}
-    only_busy = {"b": t(1.0, busy=2)}
-    _evict_idlest(manager, only_busy)
-    assert set(only_busy) == {"b"}
+    # none idle: the busy session whose latest request started first goes, never a starting one
+    only_busy = {"recent": t(1.0, busy=1, since=50.0), "stale": t(1.0, busy=2, since=10.0),
+                 "starting": SimpleNamespace(idle_scope=None, _requests_in_flight=1)}
+    stale = only_busy["stale"]
+    _evict_one(manager, only_busy)
+    assert set(only_busy) == {"recent", "starting"} and stale.idle_scope.cancelled
+    only_starting = {"s": SimpleNamespace(idle_scope=None, _requests_in_flight=0)}
+    _evict_one(manager, only_starting)
+    assert set(only_starting) == {"s"}
     assert 0 < HTTP_IDLE_TIMEOUT_S <= 3600
+
+
+@pytest.mark.anyio
+async def test_body_bounds_deadline_size_and_budget() -> None:
+    """The body bounds in process (small limits): a stalled body gets 408 at its deadline, an
+    oversized one 413, a new body drops the oldest stalled one when the budget is full, and a
+    budget held by requests being served gives 503 (never a drop)."""
+    import anyio
+
+    from mbridge_perf.http_bounds import BodyBounds
+
+    served: list[bytes] = []
+    release = anyio.Event()
+
+    async def app(scope: dict, receive, send) -> None:
+        served.append((await receive())["body"])
+        if scope["path"] == "/hold":
+            await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    bounds = BodyBounds(app, max_body=100, max_held=150, timeout_s=0.5)
+
+    async def call(path: str, parts: list[bytes], stall: bool = False) -> int:
+        queue = list(parts)
+        sent: list[int] = []
+
+        async def receive() -> dict:
+            if queue:
+                return {"type": "http.request", "body": queue.pop(0),
+                        "more_body": bool(queue) or stall}
+            await anyio.sleep(60)
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                sent.append(message["status"])
+
+        await bounds({"type": "http", "method": "POST", "path": path, "headers": []},
+                     receive, send)
+        return sent[0]
+
+    assert await call("/", [b"a" * 10, b"b" * 10]) == 200 and served[-1] == b"a" * 10 + b"b" * 10
+    assert await call("/", [b"x" * 60, b"x" * 60]) == 413
+    with anyio.fail_after(5):
+        assert await call("/", [b"s" * 10], stall=True) == 408  # deadline
+    results: dict[str, int] = {}
+
+    async def run(name: str, path: str, parts: list[bytes], stall: bool = False) -> None:
+        results[name] = await call(path, parts, stall)
+
+    bounds.timeout_s = 30
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run, "stalled", "/", [b"s" * 90], True)
+        await anyio.sleep(0.05)
+        tg.start_soon(run, "new", "/", [b"n" * 90])  # 180 > 150: the stalled body is dropped
+        await anyio.sleep(0.05)
+        assert results == {"stalled": 408, "new": 200} and bounds.held == 0
+        tg.start_soon(run, "served", "/hold", [b"h" * 90])
+        await anyio.sleep(0.05)
+        tg.start_soon(run, "refused", "/", [b"r" * 90])  # the held bytes are being served
+        await anyio.sleep(0.05)
+        assert results["refused"] == 503 and bounds.held == 90
+        release.set()
+    assert results["served"] == 200 and bounds.held == 0 and not bounds.reading

@@ -23,7 +23,8 @@ SNAPSHOT = REPO / "tests" / "snapshots" / "tools_list.json"
 SKILL_URIS = {f"skill://{n}/{f}" for n in SKILL_NAMES for f in ("SKILL.md", "card.yaml")}
 REFERENCE_URIS = {f"skill://{n}/references/{p.name}" for n in SKILL_NAMES
                   for p in (REPO / "skills" / n / "references").glob("*.md")}
-EXPECTED_URIS = SKILL_URIS | REFERENCE_URIS | {"mbridge-perf://rules", "mbridge-perf://presets"}
+EXPECTED_URIS = SKILL_URIS | REFERENCE_URIS | {"mbridge-perf://rules", "mbridge-perf://presets",
+                                                "mbridge-perf://recipes"}
 
 # The seeds' case: Llama3 70B SFT on 32x H100, FP8 current scaling, TP4 PP4 VPP5 DP2.
 LLAMA70B = {

@@ -64,11 +64,16 @@ def _cmd_lint(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_config_args(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
+def _add_config_args(p: argparse.ArgumentParser, json_flag: bool = True,
+                     recipe_flag: bool = True) -> None:
     """The config inputs every config-reading command takes, in composition order."""
     p.add_argument("file", nargs="?", help="Bridge config YAML/JSON, a Hugging Face "
                                            "config.json, or - for stdin")
     p.add_argument("--preset", help="model preset to start from (see `mbridge-perf presets`)")
+    if recipe_flag:
+        p.add_argument("--recipe", dest="config_recipe", metavar="NAME",
+                       help="Megatron Bridge 0.6.2 recipe to start from, by name (see "
+                            "`mbridge-perf recipes`)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="dotted override, e.g. model.tensor_model_parallel_size=8 (repeatable)")
     if json_flag:
@@ -83,12 +88,14 @@ def _load_config(args: argparse.Namespace, which: str = "file") -> TrainingConfi
 
     source = getattr(args, which)
     flags = args.flags
+    recipe = getattr(args, "config_recipe", None)
     if source == "-":
-        return load_config(preset=args.preset, text=sys.stdin.read(),
+        return load_config(preset=args.preset, recipe=recipe, text=sys.stdin.read(),
                            overrides=args.overrides, flags=flags)
-    return load_config(preset=args.preset if which == "file" else None, file=source,
-                       overrides=args.overrides if which == "file" else (),
-                       flags=flags if which == "file" else ())
+    first = which == "file"
+    return load_config(preset=args.preset if first else None, file=source,
+                       recipe=recipe if first else None,
+                       overrides=args.overrides if first else (), flags=flags if first else ())
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -280,6 +287,23 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_recipes(args: argparse.Namespace) -> int:
+    from mbridge_perf.config.recipes import list_recipes
+
+    rows = list_recipes(args.model, args.gpu)
+    if args.json:
+        print(json.dumps([r.model_dump(mode="json") for r in rows], indent=1))
+        return 0
+    names = ("tp", "pp", "vpp", "cp", "ep", "etp")
+    for r in rows:
+        lay = " ".join(f"{k.upper()}{r.layout[k]}" for k in names if r.layout.get(k))
+        print(f"{r.name:70} {r.model:22} {r.num_gpus:5d} x {r.gpu:6} {r.precision:6} {lay} "
+              f"MBS{r.layout.get('mbs')} GBS{r.layout.get('gbs')} seq{r.layout.get('seq')}")
+    if not rows:
+        print("no recipe matches; `mbridge-perf recipes` lists them all", file=sys.stderr)
+    return 0
+
+
 Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
 
 
@@ -398,7 +422,7 @@ def _add_bench_parser(sub: Subparsers) -> None:
     p = sub.add_parser("bench", help="run and judge benchmarks (local or Slurm)")
     bench = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     q = _bench_cmd(bench, "submit", "freeze the contract and render the job; --run submits it")
-    _add_config_args(q, json_flag=False)
+    _add_config_args(q, json_flag=False, recipe_flag=False)
     q.add_argument("--profile", required=True,
                    help="cluster profile: a built-in (cpu-test) or a YAML file")
     q.add_argument("--run", action="store_true", help="really submit (default: dry run)")
@@ -444,10 +468,16 @@ def _add_bench_judge_parsers(bench: Subparsers) -> None:
 
 
 def _add_pack_parsers(sub: Subparsers) -> None:
-    """presets and lint: the packaged presets and skill pack."""
+    """presets, recipes and lint: the packaged presets, Bridge recipes and skill pack."""
     p = sub.add_parser("presets", help="list the model presets")
     p.add_argument("--json", action="store_true", help="print every preset as JSON")
     p.set_defaults(func=_cmd_presets)
+
+    p = sub.add_parser("recipes", help="list the Megatron Bridge recipes --recipe accepts")
+    p.add_argument("--model", help="only models whose name contains this, e.g. qwen3_30b")
+    p.add_argument("--gpu", help="only recipes for this GPU, e.g. b300")
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
+    p.set_defaults(func=_cmd_recipes)
 
     p = sub.add_parser("lint", help="lint the skill pack or one skill folder")
     p.add_argument("path", nargs="?", help="pack root or skills/<name> (default: the pack "

@@ -187,6 +187,17 @@ def _register_resources(server: MCPServer, skills: list[Skill]) -> None:
         return json.dumps({n: p.model_dump(mode="json") for n, p in load_presets().items()},
                           indent=1)
 
+    @server.resource("mbridge-perf://recipes", name="recipes",
+                     title="Megatron Bridge 0.6.2 recipes",
+                     description="Every recipe config.recipe accepts: name, model, task, GPU "
+                                 "count, GPU, precision, variant and layout (TP, PP, VPP, CP, "
+                                 "EP, ETP, MBS, GBS, seq).",
+                     mime_type="application/json")
+    def recipes_resource() -> str:
+        from mbridge_perf.config.recipes import list_recipes
+
+        return json.dumps([r.model_dump(mode="json") for r in list_recipes()], indent=1)
+
 
 # Skills whose prompts triage an OOM first (diagnose_oom), then run the ladder.
 OOM_SKILLS = ("nemo-mbridge-perf-memory-tuning", "nemo-mbridge-perf-activation-recompute")

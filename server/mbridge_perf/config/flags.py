@@ -187,7 +187,8 @@ _LAUNCH_ONLY = frozenset({
     "--packager", "-vb", "-lgc", "-lmc", "-en", "--enable_nsys", "-pyp",
     "--profiling_start_step", "--profiling_stop_step", "-mh", "--record_memory_history",
     "--profiling_ranks", "-l", "--log_dir", "--save_config_filepath", "--dump_env", "-wdk",
-    "-wdp", "-wde", "-wdj", "-wds", "-cv", "--domain", "--task", "--data", "--tokenizer_type",
+    "-wdp", "-wde", "-wdj", "-wds", "-cv", "--config_variant", "--domain", "--task", "--data",
+    "--tokenizer_type",
     "--max_retries", "--detach", "--use_recipes", "-m", "--model_family_name",
     "--use_tokendrop", "--first_k_dense_replace",
 })
@@ -199,9 +200,12 @@ def flag_names() -> frozenset[str]:
     return frozenset(_HANDLERS) | frozenset(_ALIASES)
 
 
-def parse_perf_flags(args: Sequence[str]) -> tuple[Overrides, str | None]:
+def parse_perf_flags(args: Sequence[str], skip: frozenset[str] = frozenset()
+                     ) -> tuple[Overrides, str | None]:
     """Return (overrides in order, preset name from `-mr/--model_recipe_name` if any).
-    Trailing `section.field=value` items are Hydra overrides, applied after the flags."""
+    Trailing `section.field=value` items are Hydra overrides, applied after the flags. Flags
+    in ``skip`` (canonical spelling, e.g. `-c` when the recipe it chose already carries its
+    precision) are read but change nothing."""
     out: Overrides = []
     trailing: Overrides = []
     preset: str | None = None
@@ -233,7 +237,8 @@ def parse_perf_flags(args: Sequence[str]) -> tuple[Overrides, str | None]:
         if flag in ("-mr", "--model_recipe_name"):
             preset = value.replace("_", "-")
         elif flag in _HANDLERS:
-            out += _HANDLERS[flag](flag, value)
+            changes = _HANDLERS[flag](flag, value)  # always parsed: a bad value is named
+            out += [] if flag in skip else changes
         elif flag not in _LAUNCH_ONLY:
             raise ConfigError(flag, "not a perf-harness flag" + did_you_mean(
                 flag, list(_HANDLERS) + list(_ALIASES) + list(_LAUNCH_ONLY)))
@@ -246,3 +251,26 @@ def _numeric(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+# What selects the harness's recipe: -mr, --task, -ng, -g, -c, -cv (canonical → key).
+_SELECTORS = {"-mr": "model_recipe", "--model_recipe_name": "model_recipe", "--task": "task",
+              "-ng": "num_gpus", "--num_gpus": "num_gpus", "-g": "gpu", "--gpu": "gpu",
+              "-c": "compute_dtype", "--compute_dtype": "compute_dtype",
+              "-cv": "variant", "--config_variant": "variant"}
+
+
+def harness_selection(args: Sequence[str]) -> dict[str, str]:
+    """The values of the flags the harness picks its recipe by (last one wins), as written:
+    {model_recipe, task, num_gpus, gpu, compute_dtype, variant} where given."""
+    out: dict[str, str] = {}
+    for i, arg in enumerate(args):
+        flag, eq, inline = arg.partition("=")
+        key = _SELECTORS.get(flag)
+        if key is None:
+            continue
+        if eq:
+            out[key] = inline
+        elif i + 1 < len(args) and not args[i + 1].startswith("-"):
+            out[key] = args[i + 1]
+    return out

@@ -1,6 +1,7 @@
 """Read a TrainingConfig from what users already have, composed in this order (later wins):
 
-    preset name  →  Hugging Face config.json  →  YAML / JSON (file, text or mapping)
+    Bridge recipe name (or the one perf-harness flags select) or preset name
+                 →  Hugging Face config.json  →  YAML / JSON (file, text or mapping)
                  →  dotted overrides (`model.tensor_model_parallel_size=8`, lists as `[a,b]`)
                  →  perf-script flags (`-tp 8 -pp 4 --recompute_modules core_attn,mlp`)
 
@@ -20,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mbridge_perf.config.errors import ConfigError, did_you_mean, type_problem
 from mbridge_perf.config.fields import known_fields
-from mbridge_perf.config.flags import parse_perf_flags
+from mbridge_perf.config.flags import harness_selection, parse_perf_flags
 from mbridge_perf.config.limits import (
     MAX_DEPTH,
     HugeInt,
@@ -212,18 +213,58 @@ def build(data: Mapping[str, Any]) -> TrainingConfig:
         raise ConfigError(".".join(loc) or "config", type_problem(err)) from None
 
 
+def _recipe_base(recipe: str | None, preset: str | None, flags: Sequence[str]
+                 ) -> tuple[str | None, list[str]]:
+    """The Bridge recipe to start from (named, or the one the perf-harness flags select) and
+    the sentence saying how the flags were read; (None, …) when the base is a preset."""
+    from mbridge_perf.config.recipes import check_name, harness_recipe
+
+    if recipe is not None:
+        if preset is not None:
+            raise ConfigError("recipe", "give a recipe or a preset, not both (a recipe "
+                                        "already names its model)")
+        return check_name(recipe), []
+    if preset is not None or not flags:
+        return None, []
+    sel = harness_selection(flags)
+    if "model_recipe" not in sel:
+        return None, []
+    ng = sel.get("num_gpus", "")
+    choice = harness_recipe(sel["model_recipe"], task=sel.get("task", "pretrain"),
+                            num_gpus=int(ng) if ng.isdigit() else None, gpu=sel.get("gpu"),
+                            compute_dtype=sel.get("compute_dtype", "bf16"),
+                            variant=sel.get("variant"))
+    if choice.name is None and choice.nearest:
+        from mbridge_perf.config.presets import load_presets
+
+        if sel["model_recipe"].strip().lower().replace("_", "-") not in load_presets():
+            raise ConfigError("-mr", choice.note.split("; started from")[0] + "; and no "
+                              "preset of that name: pass one of those with --recipe (MCP: "
+                              "recipe), or a preset")
+    return choice.name, [choice.note]
+
+
 def load_config(*, preset: str | None = None, file: str | Path | None = None,
                 text: str | None = None, data: Mapping[str, Any] | None = None,
                 hf_config: Mapping[str, Any] | None = None,
-                overrides: Sequence[str] = (), flags: Sequence[str] = ()) -> TrainingConfig:
-    """Compose every input the user has, in the documented order, into one TrainingConfig."""
+                overrides: Sequence[str] = (), flags: Sequence[str] = (),
+                recipe: str | None = None) -> TrainingConfig:
+    """Compose every input the user has, in the documented order, into one TrainingConfig.
+    The base is a Bridge recipe (``recipe``, or the one perf-harness flags select) or a
+    preset; see source_notes() for how flags were resolved."""
     merged: dict[str, Any] = {}
     check_count(overrides, "overrides")
     check_count(flags, "perf_flags")
+    base, notes = _recipe_base(recipe, preset, flags)
     flag_overrides, flag_preset = ([], None)
-    if flags:
-        flag_overrides, flag_preset = parse_perf_flags(flags)
-    if preset or flag_preset:
+    if flags:  # a recipe the flags chose already carries the precision -c chose it by
+        flag_overrides, flag_preset = parse_perf_flags(
+            flags, frozenset({"-c"}) if base and recipe is None else frozenset())
+    if base is not None:
+        from mbridge_perf.config.recipes import recipe_text
+
+        merged = read_yaml(recipe_text(base), f"recipe {base}")
+    elif preset or flag_preset:
         merged = preset_data(preset or flag_preset or "")
     if hf_config is not None:
         merged = merge(merged, {"model": hf_model_fields(hf_config)})
@@ -241,7 +282,15 @@ def load_config(*, preset: str | None = None, file: str | Path | None = None,
         set_path(merged, path, value, delete)
     for path, value in flag_overrides:
         set_path(merged, path, value)
-    return build(merged)
+    cfg = build(merged)
+    cfg._source_notes = notes
+    return cfg
+
+
+def source_notes(cfg: TrainingConfig) -> list[str]:
+    """How the config's base was chosen from perf-harness flags (for a report's assumptions);
+    empty when nothing was resolved."""
+    return list(getattr(cfg, "_source_notes", None) or [])
 
 
 class ConfigSource(BaseModel):
@@ -253,6 +302,12 @@ class ConfigSource(BaseModel):
 
     preset: str | None = Field(
         None, description="Model preset to start from, e.g. 'llama3-70b' (see list_presets).")
+    recipe: str | None = Field(
+        None, max_length=200,
+        description="Megatron Bridge 0.6.2 recipe to start from, by name, e.g. "
+                    "'qwen3_30b_a3b_pretrain_8gpu_b300_fp8mx_config' (the resource "
+                    "mbridge-perf://recipes lists them); its dump loads, then overrides and "
+                    "perf_flags apply on top. A name, never a path.")
     bridge_config: dict[str, Any] | str | None = Field(
         None, description="Megatron Bridge ConfigContainer as a mapping ({model: {...}, train: "
                           "{...}, optimizer: ..., ddp: ..., mixed_precision: ...}) or the same "
@@ -269,11 +324,11 @@ class ConfigSource(BaseModel):
 
 def load_source(src: ConfigSource) -> TrainingConfig:
     """ConfigSource → TrainingConfig (raises ConfigError naming the field)."""
-    if src.preset is None and src.bridge_config is None and not src.overrides and \
-            not src.perf_flags:
-        raise ConfigError("config", "empty: give a preset, a bridge_config (mapping or YAML "
-                                    "text), overrides or perf_flags")
+    if src.preset is None and src.recipe is None and src.bridge_config is None and \
+            not src.overrides and not src.perf_flags:
+        raise ConfigError("config", "empty: give a preset, a recipe, a bridge_config (mapping "
+                                    "or YAML text), overrides or perf_flags")
     text = src.bridge_config if isinstance(src.bridge_config, str) else None
     data = src.bridge_config if isinstance(src.bridge_config, dict) else None
-    return load_config(preset=src.preset, text=text, data=data, overrides=src.overrides,
-                       flags=src.perf_flags)
+    return load_config(preset=src.preset, recipe=src.recipe, text=text, data=data,
+                       overrides=src.overrides, flags=src.perf_flags)

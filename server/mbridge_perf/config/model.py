@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 # Bounds that catch typos and absurd inputs (10**9 layers) long before arithmetic overflows;
 # all far above anything trained today.
@@ -271,6 +271,8 @@ class TrainingConfig(Section):
     comm_overlap: CommOverlapSection | None = None
     env: dict[str, str] = Field(default_factory=dict)
     cluster: ClusterSection = Field(default_factory=ClusterSection)
+    # how the loader chose the base from perf-harness flags (config.load.source_notes)
+    _source_notes: list[str] = PrivateAttr(default_factory=list)
 
     @property
     def overlap(self) -> CommOverlapSection:

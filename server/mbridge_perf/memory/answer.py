@@ -122,5 +122,9 @@ def memory_markdown(r: MemoryReport, cfg: TrainingConfig) -> str:
 def estimate_with_answer(cfg: TrainingConfig, *, gpu: str | None = None,
                          imbalance: float = 1.0) -> MemoryReport:
     """estimate_memory plus its answer_markdown (what the MCP tool and the eval grader use)."""
+    from mbridge_perf.config.load import source_notes
+
     report = estimate_memory(cfg, gpu=gpu, imbalance=imbalance)
-    return report.model_copy(update={"answer_markdown": memory_markdown(report, cfg)})
+    notes = source_notes(cfg)  # which Bridge recipe the perf-harness flags resolved to
+    return report.model_copy(update={"answer_markdown": memory_markdown(report, cfg),
+                                     "assumptions": notes + report.assumptions})

@@ -28,6 +28,8 @@ tests/evals/test_claims.py, and own answers in tests/evals/answers22):
     dismissing the allocator ("do not need expandable_segments") as the fragmentation claim;
     "hands/brings back N GB" as a core_attn saving; "out while PP > 1" / "rejects" as a
     refusal of CPU offloading.
+Later, from our own answers only (the measured half was not read again): a negated lead-in
+("Things I would not do:") negates the list after it; "refuses" refuses CPU offloading.
 After those the measured half reads 24/24; it is therefore no longer an unseen-data figure in
 the strict sense: the grader's capabilities, not its phrasings, were steered by it.
 """

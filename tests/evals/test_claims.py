@@ -301,3 +301,14 @@ def test_the_eight_misjudgements_of_issue_22_each_have_a_test() -> None:
                  "test_do_not_trade_dp_for_pp_is_not_advice_to_raise_pp",   # Do not trade DP
                  "test_fp8_mentioned_as_a_later_candidate_keeps_bf16_first"):  # FP8 later
         assert test in names, test
+
+
+def test_a_negated_lead_in_governs_the_list_after_it() -> None:
+    text = ("1. Set `expandable_segments:True` first.\n2. Then `layernorm` recompute.\n\n"
+            "Things I would not do:\n1. **Raise TP to 8.**\n2. **CPU offloading.**\n\n"
+            "Layout: TP=4 PP=4.\n")
+    units = parse_answer(text).units
+    assert [u.negated_section for u in units] == [False] * 3 + [True] * 2 + [False]
+    assert not {"tp-raise-first", "cpu-offload-at-pp-gt-1"} & set(found(MEMORY, text))
+    plan = parse_answer("If it still does not fit:\n1. Add `layernorm`.\n").units
+    assert not any(u.negated_section for u in plan)   # a condition is not a rejection

@@ -13,7 +13,7 @@ import yaml
 
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.limits import load_yaml
-from mbridge_perf.evals.text import Unit, heading_flags, normalise, unit_is_late
+from mbridge_perf.evals.text import Unit, heading_flags, negated_intro, normalise, unit_is_late
 
 MAX_ANSWER_BYTES = 1_000_000
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
@@ -174,22 +174,29 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
     code: list[str] = []
     para: list[str] = []
 
-    block = [0, False]      # paragraph / list item number; does it open an ordered item
+    # the paragraph / list item number; whether it is a list item, an ordered one; whether a
+    # negated lead-in ("Things I would not do:") governs the list items that follow it
+    st = {"block": 0, "item": False, "ordered": False, "list_neg": False}
 
     def add(piece: str, lead: bool = False) -> None:
         for chunk in _bounded(piece.strip()):
             norm = normalise(chunk)
-            units.append(Unit(chunk, norm, len(units), late or unit_is_late(norm), neg,
-                              lead=lead, block=block[0]))
+            units.append(Unit(chunk, norm, len(units), late or unit_is_late(norm),
+                              neg or st["list_neg"], lead=lead, block=st["block"]))
             lead = False
 
     def flush() -> None:
         if para:
-            for k, sentence in enumerate(_sentences(" ".join(para))):
-                add(sentence, lead=block[1] and k == 0)
+            whole = " ".join(para)
+            if not st["item"]:
+                st["list_neg"] = False
+            for k, sentence in enumerate(_sentences(whole)):
+                add(sentence, lead=st["ordered"] and k == 0)
+            if not st["item"]:
+                st["list_neg"] = negated_intro(whole)
             para.clear()
-        block[0] += 1
-        block[1] = False
+        st["block"] += 1
+        st["item"] = st["ordered"] = False
 
     for line in text.splitlines():
         fm = _FENCE.match(line)
@@ -208,6 +215,7 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
         if h:
             flush()
             neg, late = heading_flags(h.group(2))
+            st["list_neg"] = False
             continue
         if not line.strip() or _LIST.match(line) or line.lstrip().startswith("|"):
             flush()
@@ -217,7 +225,7 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
             continue
         if line.strip():
             if not para:
-                block[1] = bool(_ORDERED.match(line))
+                st["item"], st["ordered"] = bool(_LIST.match(line)), bool(_ORDERED.match(line))
             para.append(_LIST.sub("", line, count=1).strip() if _LIST.match(line) else line)
     flush()
     if fence is not None:

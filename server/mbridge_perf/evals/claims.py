@@ -252,8 +252,8 @@ def _across(m: Misconception, units: list[Unit]) -> Unit | None:
             continue
         last = rest[-1]
         if last is not None and not is_negated(v, last.start(), last.end()):
-            return Unit(f"{u.text} {v.text}", both, u.index, u.late, u.negated_section,
-                        block=u.block)
+            return Unit(f"{clip(u.text, 120)} {clip(v.text, 150)}", both, u.index, u.late,
+                        u.negated_section, block=u.block)
     return None
 
 

@@ -1,6 +1,7 @@
 """Our most-loaded-stage peak next to Megatron Bridge's own ``estimate_training_memory`` total,
 for every Bridge 0.6.2 recipe dump Bridge could estimate, and which term explains each row
-where the two differ by more than the threshold (default 30 %).
+where the two differ by more than the threshold (default 30 %). The per-config terms come from
+mbridge_perf.memory.bridge_compare, the comparison estimate_memory shows.
 
 Bridge's formula (``training/utils/theoretical_memory_utils.py``) is Korthikanti's per-layer
 ``s·b·h·(18 + 4·FFN/h)`` with sequence parallelism and selective recompute assumed, plus Adam at
@@ -32,14 +33,14 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
-from mbridge_perf.config.derived import derive, resolve_precision
+from mbridge_perf.config.derived import derive
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.load import load_config
 from mbridge_perf.config.model import TrainingConfig
+from mbridge_perf.memory.bridge_compare import activation_terms, state_terms
 from mbridge_perf.memory.estimate import MemoryReport, estimate_memory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,75 +102,6 @@ def sized(cfg: TrainingConfig, world: int) -> tuple[MemoryReport, str]:
     return estimate_memory(cfg), note
 
 
-def _flag(cfg: TrainingConfig, name: str) -> Any:
-    m = cfg.model
-    return getattr(m, name, None) if name in type(m).model_fields else m.carried().get(name)
-
-
-def state_terms(cfg: TrainingConfig) -> list[str]:
-    """What Bridge's 18 B/parameter (or 6 + 12/DP) weight + optimizer count leaves out here."""
-    m, o, ddp = cfg.model, cfg.optimizer, cfg.ddp
-    out = []
-    if ddp.use_megatron_fsdp:
-        out.append(f"Megatron-FSDP sharding ({ddp.data_parallel_sharding_strategy}; Bridge "
-                   "shards nothing)")
-    p = resolve_precision(cfg)
-    if p.fp8 and p.fp8_param:
-        out.append("FP8 parameters (fp8_param: 1 B per weight; Bridge: 2)")
-    if (p.bf16 or p.fp16) and not p.grad_reduce_in_fp32:
-        out.append("BF16 gradient buffers (grad_reduce_in_fp32=False; Bridge: FP32)")
-    if o.use_precision_aware_optimizer and "bf16" in (o.exp_avg_dtype, o.exp_avg_sq_dtype,
-                                                        o.main_grads_dtype):
-        out.append("precision-aware optimizer with BF16 moments / grads (Bridge: FP32)")
-    act = str(m.activation_func or "")
-    if m.gated_linear_unit and not act.endswith(".silu"):
-        out.append(f"GLU with {act.rsplit('.', 1)[-1]} (Bridge counts 2 FFN projections, not 3)")
-    if _flag(cfg, "is_hybrid_model") or "hybrid" in str(cfg.model.carried().get("_target_", "")):
-        out.append("hybrid Mamba / attention / MLP layers (Bridge: every layer attention + MLP)")
-    if m.multi_latent_attention:
-        out.append("MLA projections (Bridge: GQA attention)")
-    if p.fp8 and not p.fp8_param:
-        out.append("FP8 weight copies next to the BF16 weights")
-    return out
-
-
-def activation_terms(cfg: TrainingConfig, report: MemoryReport) -> list[str]:
-    """What Bridge's s·b·h·(18 + 4·FFN/h) per layer (SP and selective recompute assumed) leaves
-    out here."""
-    m = cfg.model
-    s = report.per_stage[report.most_loaded_stage]
-    out = []
-    if m.recompute_granularity == "full":
-        out.append("full recompute (Bridge assumes selective: it keeps every layer)")
-    if m.tensor_model_parallel_size > 1 and not m.sequence_parallel:
-        out.append(f"sequence parallelism off (Bridge divides every activation by TP="
-                   f"{m.tensor_model_parallel_size})")
-    if m.num_moe_experts:
-        out.append(f"MoE dispatch: top-{m.moe_router_topk} token copies, router and expert "
-                   "FC buffers (Bridge: top-k × FFN width only)")
-    if m.multi_latent_attention:
-        out.append("MLA up-projected q/k/v and latents")
-    if m.experimental_attention_variant or _flag(cfg, "linear_attention_freq"):
-        out.append("gated-delta-net layers (Bridge: softmax attention)")
-    if m.fine_grained_activation_offloading or m.cpu_offloading:
-        out.append("activation offloading (Bridge: none)")
-    heads = m.num_attention_heads or 1
-    width = (m.kv_channels or (m.hidden_size or 0) // heads) * heads
-    if not m.multi_latent_attention and width and width != m.hidden_size:
-        out.append(f"attention {width} wide (kv_channels x heads; Bridge: hidden_size "
-                   f"{m.hidden_size})")
-    if m.gated_linear_unit:
-        out.append("GLU's 2 x FFN fc1 output (Bridge: a GeLU MLP's)")
-    if m.context_parallel_size > 1:
-        out.append("context-parallel K/V exchange buffers")
-    if s.logits_gib > 0.1 * max(s.activations_gib, 1e-9) and m.pipeline_model_parallel_size > 1:
-        out.append(f"logits on the last stage ({s.logits_gib:.1f} GiB; Bridge: only at PP=1)")
-    if s.transient_gib + s.workspace_gib > 1:
-        out.append(f"one layer's backward working set + workspaces "
-                   f"({s.transient_gib + s.workspace_gib:.1f} GiB; Bridge: none)")
-    return out
-
-
 def explain(row: Row, cfg: TrainingConfig, report: MemoryReport) -> str:
     state_gap = row.ours_state - row.bridge_state
     act_gap = row.ours_act - row.bridge_act
@@ -178,9 +110,7 @@ def explain(row: Row, cfg: TrainingConfig, report: MemoryReport) -> str:
     gap = state_gap if side == "weights+optimizer" else act_gap
     if not terms:
         terms = ["no omitted term found: investigate"]
-    lora = " (LoRA: both count Adam state for the frozen base weights)" if cfg.carried().get(
-        "peft") else ""
-    return f"{side} {gap:+.1f} GiB: " + "; ".join(terms[:3]) + lora
+    return f"{side} {gap:+.1f} GiB: " + "; ".join(terms[:3])
 
 
 def compare(texts: dict[str, str], rows: list[dict[str, str]]) -> tuple[list[Row], list[str]]:

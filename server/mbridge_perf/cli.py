@@ -140,6 +140,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
                           f"{args.stage!r}") from None
     report = estimate_memory(_load_config(args), gpu=args.gpu, imbalance=args.imbalance)
     print(report.model_dump_json(indent=2) if args.json else format_estimate(report, stage))
+    if not args.json and report.bridge is not None:
+        print(f"  {report.bridge.message}")
     return 1 if report.verdict == "does_not_fit" else 0
 
 

@@ -284,7 +284,25 @@ def load_config(*, preset: str | None = None, file: str | Path | None = None,
         set_path(merged, path, value)
     cfg = build(merged)
     cfg._source_notes = notes
+    only_dump = not (overrides or flags or preset or hf_config is not None or data is not None)
+    if only_dump:  # a shipped recipe as Bridge dumped it: its recorded Bridge estimate applies
+        cfg._shipped_recipe = _shipped(base, file, text)
     return cfg
+
+
+def _shipped(recipe: str | None, file: str | Path | None, text: str | None) -> str | None:
+    from mbridge_perf.config.recipes import shipped_dump
+
+    if recipe is not None:
+        return recipe if file is None and text is None else None
+    if (file is None) == (text is None):
+        return None
+    return shipped_dump(text if text is not None else read_text(Path(str(file)), str(file)))
+
+
+def shipped_recipe(cfg: TrainingConfig) -> str | None:
+    """The shipped Bridge recipe ``cfg`` is, unmodified (by name or its exact dump), or None."""
+    return getattr(cfg, "_shipped_recipe", None)
 
 
 def source_notes(cfg: TrainingConfig) -> list[str]:

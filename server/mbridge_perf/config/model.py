@@ -273,6 +273,8 @@ class TrainingConfig(Section):
     cluster: ClusterSection = Field(default_factory=ClusterSection)
     # how the loader chose the base from perf-harness flags (config.load.source_notes)
     _source_notes: list[str] = PrivateAttr(default_factory=list)
+    # the shipped Bridge recipe this config is, unmodified (config.load.shipped_recipe)
+    _shipped_recipe: str | None = PrivateAttr(default=None)
 
     @property
     def overlap(self) -> CommOverlapSection:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+import hashlib
 import io
 import json
 import re
@@ -213,3 +214,14 @@ def harness_recipe(model_recipe: str, *, task: str = "pretrain", num_gpus: int |
                                f"{mr.replace('_', '-')} preset instead, without a recipe's "
                                "tuned settings", near)
 
+
+
+@cache
+def _by_digest() -> dict[str, str]:
+    return {hashlib.sha256(text.encode("utf-8")).hexdigest(): Path(path).stem
+            for path, text in _members().items() if path.startswith("yaml/")}
+
+
+def shipped_dump(text: str) -> str | None:
+    """The shipped recipe whose dump is exactly ``text`` (byte for byte), if any."""
+    return _by_digest().get(hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest())

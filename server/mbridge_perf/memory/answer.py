@@ -122,9 +122,11 @@ def memory_markdown(r: MemoryReport, cfg: TrainingConfig) -> str:
 def estimate_with_answer(cfg: TrainingConfig, *, gpu: str | None = None,
                          imbalance: float = 1.0) -> MemoryReport:
     """estimate_memory plus its answer_markdown (what the MCP tool and the eval grader use)."""
-    from mbridge_perf.config.load import source_notes
+    from mbridge_perf.config.load import shipped_recipe, source_notes
+    from mbridge_perf.memory.bridge_compare import side_by_side
 
     report = estimate_memory(cfg, gpu=gpu, imbalance=imbalance)
     notes = source_notes(cfg)  # which Bridge recipe the perf-harness flags resolved to
     return report.model_copy(update={"answer_markdown": memory_markdown(report, cfg),
-                                     "assumptions": notes + report.assumptions})
+                                     "assumptions": notes + report.assumptions,
+                                     "bridge": side_by_side(report, cfg, shipped_recipe(cfg))})

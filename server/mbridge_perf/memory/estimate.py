@@ -41,6 +41,7 @@ from mbridge_perf.memory.activations import (
     group_input_bytes,
     layer_terms,
 )
+from mbridge_perf.memory.bridge_result import BridgeComparison
 from mbridge_perf.memory.graphs import (
     graph_exec_gib,
     graph_vectors,
@@ -200,6 +201,11 @@ class MemoryReport(BaseModel):
     answer_markdown: str = Field(
         "", description="the estimate as the memory skill answers it (most-loaded stage, fit, "
                         "levers in order); filled by memory.answer.estimate_with_answer")
+    bridge: BridgeComparison | None = Field(
+        None, description="Megatron Bridge's own estimate_training_memory lined up with ours "
+                          "term by term (live on a ConfigContainer through mbridge_perf.api, or "
+                          "Bridge 0.6.2's recorded result for an unmodified shipped recipe), "
+                          "or one line saying why it is not shown")
 
 
 NOT_MODELED = (

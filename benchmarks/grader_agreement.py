@@ -29,7 +29,9 @@ tests/evals/test_claims.py, and own answers in tests/evals/answers22):
     "hands/brings back N GB" as a core_attn saving; "out while PP > 1" / "rejects" as a
     refusal of CPU offloading.
 Later, from our own answers only (the measured half was not read again): a negated lead-in
-("Things I would not do:") negates the list after it; "refuses" refuses CPU offloading.
+("Things I would not do:") negates the list after it; "refuses" refuses CPU offloading; a
+contrast inside a claim negates its tail ("mean over 41-50, not from iteration 1"); a label
+leading a line ("core_attn: ~0") is not an invented key.
 After those the measured half reads 24/24; it is therefore no longer an unseen-data figure in
 the strict sense: the grader's capabilities, not its phrasings, were steered by it.
 """

@@ -312,3 +312,14 @@ def test_a_negated_lead_in_governs_the_list_after_it() -> None:
     assert not {"tp-raise-first", "cpu-offload-at-pp-gt-1"} & set(found(MEMORY, text))
     plan = parse_answer("If it still does not fit:\n1. Add `layernorm`.\n").units
     assert not any(u.negated_section for u in plan)   # a condition is not a rejection
+
+
+def test_a_contrast_inside_a_claim_negates_its_tail() -> None:
+    text = "Report the mean over iterations 41-50, not from iteration 1."
+    assert "average-includes-warmup" not in found(WORKFLOW, text)
+    assert "average-includes-warmup" in found(WORKFLOW, "Report the mean from iteration 1.")
+
+
+def test_a_label_leading_a_line_is_not_an_invented_key() -> None:
+    assert valid_keys(parse_answer("- core_attn: about 0 with fused attention, skip it.")).passed
+    assert not valid_keys(parse_answer("Set recompute_attention_scores: true.")).passed

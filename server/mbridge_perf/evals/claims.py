@@ -75,6 +75,8 @@ _ADVICE = re.compile(
 # its colon closely.
 _LABEL_LEAD = re.compile(r"^(?:\d+[.)] ?)?[a-z][\w /-]{0,30}: ")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+# "X, not Y" / "X — never Y" / "X rather than Y": a contrast that negates what follows it.
+_CONTRAST = re.compile(r"(?:[,;]|\s[—–-]) (?:but |and )?(?:not|never|rather than|instead of)\b")
 
 
 @dataclass(frozen=True)
@@ -171,8 +173,10 @@ def _asserted_in(m: Misconception, u: Unit, body: str = "") -> bool:
         return False
     if m.kind == "claim":
         # the claim's subject and its predicate both stand unnegated ("core_attn does not save
-        # much" negates the predicate; "not core_attn" the subject)
-        return not any(is_negated(u, h.start(), h.end()) for h in (hits[0], hits[-1]))
+        # much" negates the predicate; "not core_attn" the subject), and no contrast inside
+        # the match negates its tail ("the mean over 41-50, not from iteration 1")
+        return not (any(is_negated(u, h.start(), h.end()) for h in (hits[0], hits[-1]))
+                    or _CONTRAST.search(s, hits[-1].start(), hits[-1].end()))
     if m.kind == "action":
         label = _LABEL_LEAD.match(s)
         # the head of a numbered plan step is advice ("2. **Selective recompute with mlp.**")

@@ -32,6 +32,12 @@ class Allowlist:
     fields: frozenset[str]
     enums: dict[str, frozenset[str]]
 
+    @property
+    def labels(self) -> frozenset[str]:
+        """Every label value ("core_attn", "moe_act"): a label leading a line ("core_attn: ~0
+        with fused attention") is a label, not an invented key."""
+        return frozenset().union(*self.enums.values())
+
 
 @cache
 def allowlist() -> Allowlist:
@@ -82,7 +88,7 @@ def invented_keys(units: list[Unit]) -> list[BadKey]:
                 found.append((name, f"{sec}.{name} (no such field in {sec})"))
         for m in _ASSIGN.finditer(raw):
             if (m.group(1) not in al.fields and m.group(1) not in al.sections
-                    and not _after_dot(raw, m.start())):
+                    and m.group(1) not in al.labels and not _after_dot(raw, m.start())):
                 found.append((m.group(1), f"{m.group(1)} (no such config field or flag)"))
         for m in _LIST_VALUE.finditer(low):
             allowed = al.enums[m.group(1)]

@@ -85,6 +85,11 @@ def test_the_exact_dump_of_a_shipped_recipe_gets_its_recorded_estimate(tmp_path)
                            f"recorded for {name}")
     edited = dump.read_text() + "\n# edited\n"
     assert shipped_recipe(load_config(text=edited)) is None
+    cfg = load_config(text=dump.read_text())
+    assert shipped_recipe(cfg) == name
+    changed = cfg.model_copy(update={"train": cfg.train.model_copy(
+        update={"micro_batch_size": 1})})
+    assert shipped_recipe(changed) is None  # a changed copy is no longer the recipe
     out = json.loads(subprocess.run([tool("mbridge-perf"), "estimate", str(dump), "--set",
                                      "train.micro_batch_size=1", "--json"],
                                     capture_output=True, text=True, timeout=120).stdout)

@@ -285,8 +285,9 @@ def load_config(*, preset: str | None = None, file: str | Path | None = None,
     cfg = build(merged)
     cfg._source_notes = notes
     only_dump = not (overrides or flags or preset or hf_config is not None or data is not None)
-    if only_dump:  # a shipped recipe as Bridge dumped it: its recorded Bridge estimate applies
-        cfg._shipped_recipe = _shipped(base, file, text)
+    name = _shipped(base, file, text) if only_dump else None
+    if name is not None:  # a shipped recipe as Bridge dumped it: its recorded estimate applies
+        cfg._shipped_recipe = (name, cfg.model_dump_json())
     return cfg
 
 
@@ -301,8 +302,12 @@ def _shipped(recipe: str | None, file: str | Path | None, text: str | None) -> s
 
 
 def shipped_recipe(cfg: TrainingConfig) -> str | None:
-    """The shipped Bridge recipe ``cfg`` is, unmodified (by name or its exact dump), or None."""
-    return getattr(cfg, "_shipped_recipe", None)
+    """The shipped Bridge recipe ``cfg`` is, unmodified (by name or its exact dump), or None
+    (also for a copy of it that changed anything since it was loaded)."""
+    mark = getattr(cfg, "_shipped_recipe", None)
+    if mark is None or cfg.model_dump_json() != mark[1]:
+        return None
+    return mark[0]
 
 
 def source_notes(cfg: TrainingConfig) -> list[str]:

@@ -274,7 +274,7 @@ class TrainingConfig(Section):
     # how the loader chose the base from perf-harness flags (config.load.source_notes)
     _source_notes: list[str] = PrivateAttr(default_factory=list)
     # the shipped Bridge recipe this config is, unmodified (config.load.shipped_recipe)
-    _shipped_recipe: str | None = PrivateAttr(default=None)
+    _shipped_recipe: tuple[str, str] | None = PrivateAttr(default=None)
 
     @property
     def overlap(self) -> CommOverlapSection:

@@ -104,6 +104,27 @@ CONFIG_TEXTS: dict[str, str] = {
                                      "  microbatch_group_size_per_vp_stage: [1, 2]\n",
 }
 
+# Issue 23: job env names that pick where the job's processes meet (High 1) or that choose code,
+# files, hosts or where credentials go (Medium 3), with other names of each class and other
+# spellings. Each must be refused naming it, through every door (tests/test_attack_doors.py);
+# below they also join the corpus through both doors.
+ENV_ATTACK_NAMES: list[str] = [
+    "SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES", "SLURM_NODELIST", "SLURM_NNODES",
+    "SLURM_TASK_PROLOG", "SLURM_PROLOG", "SLURM_EPILOG", "SLURM_TASK_EPILOG", "SLURM_CONF",
+    "slurm_job_nodelist", "SBATCH_EXPORT", "SRUN_EXPORT_ENV", "MASTER_ADDR", "MASTER_PORT",
+    "PET_MASTER_ADDR", "PET_RDZV_ENDPOINT", "PET_NNODES", "TORCHELASTIC_RUN_ID",
+    "TMP", "TEMP", "TMPDIR", "TRITON_CACHE_MANAGER", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL",
+    "UV_DEFAULT_INDEX", "UV_PYTHON", "UV_PROJECT", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL",
+    "PIP_FIND_LINKS", "HF_ENDPOINT", "WANDB_BASE_URL", "HTTP_PROXY", "https_proxy", "ALL_PROXY",
+    "HF_HUB_CACHE", "TRANSFORMERS_CACHE", "HF_DATASETS_TRUST_REMOTE_CODE", "APPTAINER_BIND",
+    "SINGULARITY_BIND", "TORCH_TRACE", "NCCL_SOCKET_IFNAME", "NCCL_COMM_ID", "NCCL_NET_PLUGIN",
+    "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME",
+]
+# Issue 23 Medium 4: Hydra markers inside a key - a dotted segment, padded, any position.
+MARKER_KEYS: list[str] = ["a._target_", "_target_ ", " _call_", "\t_partial_", "x._args_.y",
+                          "_recursive_.z", "b. _convert_", "_name_\u00a0"]
+
+
 # name → raw bytes of a config file (the CLI reads files; MCP arguments are text already)
 CONFIG_BYTES: dict[str, bytes] = {
     "not-utf8": b"model:\n  num_layers: \xff\xfe\n",
@@ -228,6 +249,30 @@ TOOL_ARGS: dict[str, tuple[str, dict[str, Any]]] = {
                                                 "seq_length": 4096, "global_batch_size": 8}),
 }
 
+TOOL_ARGS.update({
+    f"env-{name}-submit": ("submit_benchmark", {
+        "config": {"preset": "llama3-8b", "overrides": [f"env.{name}=attacker.example.com"]},
+        "profile": "cpu-test", "dry_run": False}) for name in ENV_ATTACK_NAMES})
+TOOL_ARGS.update({
+    f"marker-{i}-submit": ("submit_benchmark", {
+        "config": {"bridge_config": {"model": {"init_method": {key: "os.system"}}}},
+        "profile": "cpu-test", "dry_run": False}) for i, key in enumerate(MARKER_KEYS)})
+
+# name → an answer file for `eval grade --answer` (the CLI door of grade_answer; the MCP door
+# has the same texts in TOOL_ARGS): sizes up to the limit, fences and front matter.
+ANSWER_TEXTS: dict[str, str] = {
+    "answer-unbroken-200k": "do not raise TP " * 12_000,
+    "answer-one-word-200k": "x" * 200_000,
+    "answer-sentences-200k": "Set recompute_granularity: selective. " * 5_400,
+    "answer-deep-json": "```json\n" + "[" * 5000 + "]" * 5000 + "\n```",
+    "answer-front-matter-bomb": "---\n" + alias_bomb(8).replace("dataset:", "tool_calls:")
+                                + "---\nok",
+    "answer-over-limit": "y" * 1_000_001,
+}
+TOOL_ARGS.update({
+    f"grade-{name}": ("grade_answer", {"answer": text, "skill": "nemo-mbridge-perf-memory-tuning"})
+    for name, text in ANSWER_TEXTS.items()})
+
 # CLI-only argument lists (the door's own flags)
 CLI_ARGS: dict[str, list[str]] = {
     "cli-imbalance-nan": ["estimate", "--preset", "llama3-8b", "--imbalance", "nan"],
@@ -264,3 +309,14 @@ CLI_ARGS: dict[str, list[str]] = {
                               "--answer", "/dev/zero"],
     "cli-steptime-gpu-unknown": ["steptime", "--preset", "llama3-8b", "--gpu", "H900"],
 }
+CLI_ARGS.update({
+    f"cli-env-{name}": ["bench", "submit", "--preset", "llama3-8b", "--profile", "cpu-test",
+                        "--set", f"env.{name}=attacker.example.com", "--run"]
+    for name in ENV_ATTACK_NAMES[::3]})  # every name: tests/test_attack_doors.py
+CLI_ARGS.update({
+    f"cli-marker-{i}-submit": ["bench", "submit", "--preset", "llama3-8b", "--profile",
+                               "cpu-test", "--set", f"model.init_method.{key}=os.system"]
+    for i, key in enumerate(MARKER_KEYS)})
+CLI_ARGS["cli-plan-720720-divisible"] = [
+    "plan", "--preset", "qwen3-235b-a22b", "--gpus", "720720", "--gpu", "GB200", "--seq",
+    "1441440", "--gbs", "72072000"]

@@ -17,9 +17,17 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
-from bad_inputs import CLI_ARGS, CONFIG_BYTES, CONFIG_TEXTS, FLAGS, OVERRIDES, TOOL_ARGS
+from bad_inputs import (
+    ANSWER_TEXTS,
+    CLI_ARGS,
+    CONFIG_BYTES,
+    CONFIG_TEXTS,
+    FLAGS,
+    OVERRIDES,
+    TOOL_ARGS,
+)
 
-from helpers import tool, tool_env
+from helpers import REPO, tool, tool_env
 
 LIMIT_AS = 2 << 30
 TIMEOUT_S = 20
@@ -45,8 +53,11 @@ def workdir(tmp_path: Path) -> Path:
 
 
 def _env(work: Path) -> dict[str, str]:
+    """The run registry and profiles in the test's folder; the pack is this checkout (so the
+    `eval` cases reach the grader, not a "cannot find the skill pack" line)."""
     return tool_env(MBRIDGE_PERF_REGISTRY=str(work.parent / "runs.sqlite3"),
-                    MBRIDGE_PERF_PROFILES=str(work.parent / "profiles"))
+                    MBRIDGE_PERF_PROFILES=str(work.parent / "profiles"),
+                    MBRIDGE_PERF_PACK=str(REPO))
 
 
 def _limit() -> None:
@@ -86,6 +97,12 @@ def _cli_cases(work: Path) -> list[tuple[str, list[str]]]:
         cases.append((name, ["validate", "--preset", "llama3-8b", *sets]))
     for name, flags in FLAGS.items():
         cases.append((name, ["estimate", "--preset", "llama3-8b", "--", *flags]))
+    for name, answer in ANSWER_TEXTS.items():
+        path = work / f"{name}.md"
+        path.write_text(answer, encoding="utf-8")
+        cases.append((f"eval grade {name}", ["eval", "grade", "--skill",
+                                             "nemo-mbridge-perf-memory-tuning", "--answer",
+                                             str(path)]))
     cases += list(CLI_ARGS.items())
     cases.append(("cli-profile-cwd-file", ["bench", "submit", "--preset", "llama3-8b",
                                            "--profile", "evil", "--run"]))

@@ -342,3 +342,57 @@ async def test_body_bounds_deadline_size_and_budget() -> None:
         assert results["refused"] == 503 and bounds.held == 90
         release.set()
     assert results["served"] == 200 and bounds.held == 0 and not bounds.reading
+
+
+IDLE_SERVER = """import sys
+import mbridge_perf.server as s
+s.HTTP_IDLE_TIMEOUT_S = 1.0
+s.serve_http(s.build_server(), "127.0.0.1", int(sys.argv[1]), None)
+"""
+
+
+def test_an_idle_session_ends_at_its_idle_lifetime_over_real_http() -> None:
+    """The idle lifetime through real HTTP (the server's constant lowered to 1 s in its own
+    process): a session left idle answers 404 afterwards (the client starts a new one), one
+    with a GET stream open is kept while the stream lasts, and a new client is served."""
+    import sys
+
+    port = free_port()
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen([sys.executable, "-c", IDLE_SERVER, str(port)],
+                                stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and proc.poll() is None:
+                with contextlib.suppress(OSError), socket.create_connection(
+                        ("127.0.0.1", port), 0.2):
+                    break
+                time.sleep(0.1)
+            idle = _open_session(port)[1]
+            streaming = _open_session(port)[1]
+            assert idle and streaming and _ping(port, idle) == 202
+            stream = _hold_stream(port, streaming)
+            time.sleep(3)
+            assert _ping(port, idle) == 404
+            assert _ended(stream, within=0.3) is None and _ping(port, streaming) == 202
+            stream.close()
+            assert _open_session(port)[0] == 200
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def _ping(port: int, sid: str) -> int:
+    """Status of a notification sent in session ``sid`` (202 accepted, 404 unknown)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("POST", "/mcp", body=b'{"jsonrpc":"2.0","method":"notifications/initialized"}',
+                     headers={**H_JSON, "mcp-session-id": sid,
+                              "mcp-protocol-version": "2025-11-25"})
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    finally:
+        conn.close()

@@ -17,9 +17,12 @@ asserts nothing.
 from __future__ import annotations
 
 import argparse
+import csv
 import re
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -32,8 +35,12 @@ from mbridge_perf.config.gpus import lookup_gpu
 from mbridge_perf.config.load import load_config
 from mbridge_perf.config.model import TrainingConfig
 from mbridge_perf.memory.estimate import estimate_memory
+from mbridge_perf.steptime import Calibration
 
-NAME = re.compile(r"_pretrain_(\d+)gpu_([a-z0-9]+)_")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from fit_steptime import SHARED, bridge_rows, family, fit
+
+NAME = re.compile(r"_(?:pretrain|sft)_(\d+)gpu_([a-z0-9]+)_")
 TOP = 50
 
 
@@ -61,7 +68,25 @@ def recipes(texts: dict[str, str], family: str | None) -> list[tuple[str, int, s
     return out
 
 
-def plan_of(cfg: TrainingConfig, n: int, gpu: str) -> ParallelismPlan:
+def frozen_names(data: Path = SHARED) -> list[str]:
+    """The frozen list: every recipe dump measured at its own layout (``dump_layout_matches =
+    yes`` in the Bridge tables; NVIDIA ran it there, so it fits), LoRA left out."""
+    with (data / "steptime" / "bridge_perf_summary.csv").open(encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    return sorted({r["recipe_dump"] for r in rows
+                   if r["dump_layout_matches"] == "yes" and r["task"] != "lora"})
+
+
+def held_out_calibrations() -> dict[str, Calibration]:
+    """Family -> the step-time calibration fitted without that family's rows (k-fold by
+    family, as the accuracy benchmark does), so each recipe is ranked out of sample."""
+    rows, _ = bridge_rows()
+    return {fam: fit([r for r in rows if r.family != fam]) for fam in sorted({r.family
+                                                                              for r in rows})}
+
+
+def plan_of(cfg: TrainingConfig, n: int, gpu: str, cal: Calibration | None = None,
+            rank_by: str = "speed") -> ParallelismPlan:
     md = cfg.model
     cons = None
     if md.num_moe_experts:
@@ -69,16 +94,18 @@ def plan_of(cfg: TrainingConfig, n: int, gpu: str) -> ParallelismPlan:
                                                 or md.tensor_model_parallel_size]}
     return plan_parallelism(cfg, n, gpu, int(md.seq_length), cfg.train.global_batch_size,
                             micro_batch_size=cfg.train.micro_batch_size, top_k=TOP,
-                            constraints=cons)
+                            constraints=cons, calibration=cal,
+                            rank_by=rank_by)  # type: ignore[arg-type]
 
 
-def one(name: str, n: int, gpu: str, text: str) -> dict[str, Any] | None:
+def one(name: str, n: int, gpu: str, text: str, cal: Calibration | None = None,
+        rank_by: str = "speed") -> dict[str, Any] | None:
     try:
         cfg = load_config(data=yaml.load(text, Loader=LOADER))
         own = sizes(cfg.model)
         at = apply_changes(cfg, {"cluster.num_gpus": n, "cluster.gpu": gpu})
         fits = bool(estimate_memory(at).fits)
-        plan = plan_of(cfg, n, gpu)
+        plan = plan_of(cfg, n, gpu, cal, rank_by)
     except ConfigError:
         return None
     ranks = [i + 1 for i, lay in enumerate(plan.layouts) if sizes(lay) == own]
@@ -87,8 +114,10 @@ def one(name: str, n: int, gpu: str, text: str) -> dict[str, Any] | None:
             "top": sizes(plan.layouts[0]) if plan.layouts else None}
 
 
-def summary(label: str, rows: list[dict[str, Any]]) -> None:
-    counted = [r for r in rows if r["fits"]]
+def summary(label: str, rows: list[dict[str, Any]], every: bool = False) -> None:
+    """Rank counts over the recipes whose layout fits by our estimate (``every``: over all,
+    a recipe whose layout the plan does not list counting as beyond the top)."""
+    counted = [r for r in rows if r["fits"] or every]
     ranks = [r["rank"] or TOP + 1 for r in counted]
     if not ranks:
         print(f"{label}: no recipe whose own layout fits by our estimate")
@@ -105,8 +134,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", help="only recipes whose name contains this")
     ap.add_argument("--quiet", action="store_true", help="summary lines only")
+    ap.add_argument("--frozen", action="store_true",
+                    help="only the 40 recipes measured at their own layout, each ranked with "
+                         "the calibration fitted without its family; by speed and by keys")
+    ap.add_argument("--band", type=float, help="tie band instead of the calibration's "
+                                               "pair_band_frac (with --frozen)")
     args = ap.parse_args()
     texts, _ = read_corpus()
+    if args.frozen:
+        return frozen(texts, args.quiet, args.band)
     t0 = time.perf_counter()
     rows = [r for r in (one(*x) for x in recipes(texts, args.family)) if r is not None]
     if not args.quiet:
@@ -119,6 +155,27 @@ def main() -> None:
     summary("MoE", [r for r in rows if r["moe"]])
     summary("dense", [r for r in rows if not r["moe"]])
     print(f"{len(rows)} recipes planned in {time.perf_counter() - t0:.0f} s")
+
+
+def frozen(texts: dict[str, str], quiet: bool, band: float | None = None) -> None:
+    names = set(frozen_names())
+    cals = held_out_calibrations()
+    if band is not None:
+        cals = {k: c.model_copy(update={"pair_band_frac": band}) for k, c in cals.items()}
+    todo = [x for x in recipes(texts, None) if x[0] in names]
+    print(f"frozen list: {len(names)} recipes measured at their own layout, {len(todo)} with a "
+          "perf-recipe name on a catalogued GPU; ranked out of sample (calibration fitted "
+          "without the recipe's family)")
+    for rank_by in ("speed", "keys"):
+        t0 = time.perf_counter()
+        rows = [r for r in (one(*x, cals.get(family(x[0])), rank_by) for x in todo)
+                if r is not None]
+        if not quiet:
+            for r in rows:
+                print(f"  {rank_by:5} {r['name']:<60} {spell(r['own']):<20} "
+                      f"{r['rank'] or f'>{TOP}'!s:>4}  #1 {spell(r['top']) if r['top'] else '-'}")
+        summary(f"by {rank_by}", rows, every=True)
+        print(f"  {len(rows)} planned in {time.perf_counter() - t0:.0f} s")
 
 
 if __name__ == "__main__":

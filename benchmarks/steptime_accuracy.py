@@ -155,6 +155,8 @@ def nemo(data: Path, out: Path) -> None:
         group.append((pred, float(r["step_time_s"])))
         lines.append([r["Config Name"], r["step_time_s"], round(pred, 3)])
     agree, total = pairwise(group)
+    ratio_errs = [abs((a[0] / b[0]) / (a[1] / b[1]) - 1)
+                  for i, a in enumerate(group) for b in group[i + 1:]]
     fastest_meas = min(range(len(group)), key=lambda i: group[i][1])
     fastest_pred = min(range(len(group)), key=lambda i: group[i][0])
     rank = sorted(range(len(group)), key=lambda i: group[i][0]).index(fastest_meas) + 1
@@ -163,6 +165,11 @@ def nemo(data: Path, out: Path) -> None:
     print(f"   pairwise order agreement {agree}/{total} = {100 * agree / total:.1f} % "
           f"(target 85 %); measured fastest {rows[fastest_meas]['Config Name']} is predicted "
           f"#{rank} (predicted fastest {rows[fastest_pred]['Config Name']})")
+    print(f"   layout-pair throughput ratio |predicted / measured - 1|: median "
+          f"{100 * statistics.median(ratio_errs):.1f} %, "
+          f"p80 {100 * fit.quantile(ratio_errs, 0.8):.1f} % "
+          "(the calibration's pair_band_frac, the planner's tie band, is set from this p80 "
+          "and the A/B pairs' below)")
     with (out / "steptime_nemo.csv").open("w", newline="", encoding="utf-8") as f:
         csv.writer(f).writerows([["config", "measured_s", "predicted_s"], *lines])
 
@@ -320,6 +327,9 @@ def skill_cards(data: Path, out: Path) -> None:
     if lines:
         print(f"   sign right {right}/{len(lines)} = {100 * right / len(lines):.0f} % "
               "(target 90 %)")
+        errs = [abs(x[3] / x[2] - 1) for x in lines]
+        print(f"   throughput ratio |predicted / measured - 1|: median "
+              f"{100 * statistics.median(errs):.1f} %, p80 {100 * fit.quantile(errs, 0.8):.1f} %")
     for x in lines:
         print(f"   {x[1][:60]:60s} measured x{x[2]:.3f} predicted x{x[3]:.3f} "
               f"{'ok' if x[4] else 'WRONG'}")

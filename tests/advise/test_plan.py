@@ -5,6 +5,7 @@ and answer_markdown in the long-context skill's checklist order."""
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import re
 from functools import cache
@@ -15,7 +16,12 @@ import yaml
 from bridge_corpus import dumps
 from mbridge_perf.advise.changes import apply_changes
 from mbridge_perf.advise.layouts import cp_start, min_gpus, min_gpus_for, pipeline_splits
-from mbridge_perf.advise.parallelism import ParallelismPlan, layout_config, plan_parallelism
+from mbridge_perf.advise.parallelism import (
+    ParallelismPlan,
+    PlannedLayout,
+    layout_config,
+    plan_parallelism,
+)
 from mbridge_perf.advise.pricing import fits_central
 from mbridge_perf.config.derived import derive
 from mbridge_perf.config.errors import ConfigError
@@ -150,21 +156,77 @@ def test_meshes_are_spelt_out_and_multiply_to_the_world() -> None:
             assert prod == int(right) == 128
 
 
-def test_ranking_follows_the_keys_in_order() -> None:
+def _key(x: PlannedLayout, d: float, nvlink: int) -> tuple:
+    """The skills' keys, from the result alone (module docstring of advise/parallelism.py)."""
+    fit_rank = {"as_set": 0, "with_rung": 1, "no": 2}
+    return (fit_rank[x.fit], not x.fits_with_fragmentation, max(0.0, d),
+            x.tensor_model_parallel_size, x.expert_tensor_parallel_size,
+            math.ceil(x.expert_model_parallel_size * x.expert_tensor_parallel_size / nvlink),
+            -x.data_parallel_size, abs(d), x.pipeline_model_parallel_size, x.bubble_fraction)
+
+
+def _tie_runs(lays: list[PlannedLayout]) -> list[list[PlannedLayout]]:
+    runs: list[list[PlannedLayout]] = []
+    for x in lays:
+        if runs and runs[-1][0].rank in x.tied_with:
+            runs[-1].append(x)
+        else:
+            runs.append([x])
+    return runs
+
+
+def test_ranking_is_by_predicted_speed_with_ties_in_key_order() -> None:
     plan = qwen_plan(131072)
     lays = plan.layouts
-    fit_rank = {"as_set": 0, "with_rung": 1, "no": 2}
-    doublings = [math.log2(x.context_parallel_size / plan.cp_start) for x in lays]
-    keys = [(fit_rank[x.fit], not x.fits_with_fragmentation, max(0.0, d),
-             x.tensor_model_parallel_size, x.expert_tensor_parallel_size,
-             math.ceil(x.expert_model_parallel_size * x.expert_tensor_parallel_size
-                       / plan.nvlink_domain),
-             -x.data_parallel_size, abs(d), x.pipeline_model_parallel_size, x.bubble_fraction)
-            for x, d in zip(lays, doublings, strict=True)]
+    assert all(x.predicted_tokens_per_s_per_gpu for x in lays)
+    runs = _tie_runs(lays)
+    # tie groups are consecutive and symmetric
+    for run in runs:
+        ranks = {x.rank for x in run}
+        assert all(set(x.tied_with) == ranks - {x.rank} for x in run)
+    # between groups of the same fit class: every layout of a group is predicted faster than
+    # every layout of the next; within a group: the skills' keys, in order
+    for a, b in itertools.pairwise(runs):
+        if a[0].fit == b[0].fit:
+            assert min(x.predicted_tokens_per_s_per_gpu for x in a) > \
+                max(x.predicted_tokens_per_s_per_gpu for x in b)
+    for run in runs:
+        keys = [_key(x, math.log2(x.context_parallel_size / plan.cp_start), plan.nvlink_domain)
+                for x in run]
+        assert keys == sorted(keys)
+    assert all(x.fit != "no" for x in lays)  # misses are listed only when nothing fits
+    why = lays[1].reasons[0]
+    assert why.startswith("tie with #1 by predicted speed") if lays[1].tied_with and \
+        1 in lays[1].tied_with else why.startswith("below #1: predicted ")
+    assert any("predicted step" in r for r in lays[0].reasons)
+
+
+def test_ranking_by_keys_alone_follows_the_keys_in_order() -> None:
+    plan = plan_parallelism(qwen(), 128, "GB200", 131072, 128, top_k=8, constraints=ETP1,
+                            rank_by="keys")
+    lays = plan.layouts
+    keys = [_key(x, math.log2(x.context_parallel_size / plan.cp_start), plan.nvlink_domain)
+            for x in lays]
     assert keys == sorted(keys)
     assert len({k[:4] for k in keys}) > 1  # the order is decided by the keys, not by ties
-    assert all(x.fit != "no" for x in lays)  # misses are listed only when nothing fits
     assert lays[1].reasons[0].startswith("below #1 on: ")
+    assert all(x.tied_with == [] for x in lays)
+
+
+def test_speed_order_groups_within_the_band() -> None:
+    from mbridge_perf.advise.speed import Predicted, order_by_speed
+
+    def p(tps: float) -> Predicted:
+        return Predicted(step_time_s=1 / tps, tokens_per_s_per_gpu=tps, band_s=0.0,
+                         largest_term="compute", terms=(("compute", 1 / tps),))
+
+    # 100 and 95 tie (5 % < 10 %); 80 is its own group; None goes last in its bucket;
+    # bucket 1 (a rung) after bucket 0 however fast
+    preds = [p(95), p(100), None, p(80), p(500)]
+    keys = [(0,), (1,), (2,), (3,), (4,)]
+    order, groups = order_by_speed(preds, keys, [0, 0, 0, 0, 1], 0.10)
+    assert order == [0, 1, 3, 2, 4]  # the tie is ordered by keys: 95's key comes first
+    assert groups[0] == groups[1] and len(set(groups)) == 4
 
 
 def test_a_4k_run_gets_cp1_first() -> None:
@@ -291,7 +353,7 @@ def test_the_bounds_lose_nothing_against_pricing_every_layout() -> None:
 
     cfg = dump_config("qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config", {})
     n, seq, gbs = 16, 32768, 64
-    plan = plan_parallelism(cfg, n, "H100", seq, gbs, top_k=50)
+    plan = plan_parallelism(cfg, n, "H100", seq, gbs, top_k=50, rank_by="keys")
     base = pl._base(cfg, n, "H100-80GB", seq, gbs)
     count, every = Counter(), []
     for g in groups(base.model, n, 8, gbs, None, {}, Rejections({})):

@@ -6,7 +6,9 @@ active parameters, CP too small at 256K, TP over EP for experts) come from guess
 The planner enumerates with Parallel Folding (attention mesh TP·CP·DP·PP = N, expert mesh
 ETP·EP·EDP·PP = N), rejects by the divisibility rules, prices with ``estimate_memory`` (with
 the recompute the user set; a short rescue ladder says when a layout fits only with a rung)
-and ranks, in order: (1) fits with headroom (as set, then tight, then only with a rung);
+and ranks the families that fit by predicted tokens/s/GPU (advise/speed.py: the step-time
+model; layouts within its pair band of each other are a tie) and, within a tie, by the
+skills' keys, in order: (1) fits with headroom (as set, then tight, then only with a rung);
 (2) CP no larger than seq / 4096 (shards of at least the skill's 4K tokens); (3) the smallest
 TP; (4) experts on EP before ETP; (5) the experts' all-to-all inside the fewest NVLink
 domains; (6) the most DP; (7) the CP nearest seq / 4096; (8) the fewest pipeline stages, then
@@ -20,6 +22,9 @@ recipes keep TP at 1 (2 on H100 for the 671B / 235B models), keep CP at 1 for 4K
 experts' all-to-all inside the NVLink domain where the memory allows it, and spend the rest
 on PP: the workflow skill's "smallest model parallelism that fits, maximise DP, frequent
 communication inside the fastest interconnect, PP across nodes, EP before TP for experts".
+On the frozen list of 36 recipes NVIDIA measured at their own layout
+(``plan_vs_recipes.py --frozen``, each ranked with the step-time calibration fitted without
+its family), speed with ties puts 23 in the top 3, median rank 2; the keys alone the same.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import heapq
 import time
 from dataclasses import dataclass, field
 from math import ceil, log2
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -60,17 +65,22 @@ from mbridge_perf.advise.pricing import (
     staircase,
 )
 from mbridge_perf.advise.published import PublishedLayout, PublishedRow, matching
+from mbridge_perf.advise.speed import Predicted, order_by_speed, pair_band, predict, widest_gap
 from mbridge_perf.config.derived import resolve_precision
 from mbridge_perf.config.errors import ConfigError, type_problem
 from mbridge_perf.config.gpus import lookup_gpu
 from mbridge_perf.config.model import MAX_GPUS, TrainingConfig
 from mbridge_perf.config.semantics import LONG_CONTEXT
 from mbridge_perf.rules.validate import validate
+from mbridge_perf.steptime import Calibration
 
 MAX_TOP_K = 50
 MAX_CONSTRAINT_VALUES = 32
 RESCUE_BUDGET = 40
 SAME_RULE_STOP = 12
+SPEED_POOL = MAX_TOP_K
+"""Families (best by the keys) whose step time is predicted and ranked by speed, whatever
+top_k is (so a layout's rank does not depend on how many are returned)."""
 HOPELESS = 1.25
 """A VPP 1 group whose largest EP and CP need more than this times the GPU: its VPP > 1 groups
 (interleaving adds 1 + (PP - 1) / (PP·VPP) in flight) are not priced."""
@@ -155,6 +165,8 @@ class _Cand:
     start: int = 1  # the skill's CP = seq / 4096
     nvlink: int = 8  # GPUs in one NVLink domain (the GPU catalog's)
     alts: list[str] = field(default_factory=list)
+    pred: Predicted | None = None  # predicted step (the families ranked by speed)
+    tie: int = -1  # tie group among the ranked layouts (-1: not ranked by speed)
 
     @property
     def family(self) -> tuple[int, ...]:
@@ -223,6 +235,23 @@ _KEY_WORDS = ("fits with headroom (as set, then tight, then only with a rung)",
 
 
 def _why_below(prev: _Cand, cur: _Cand) -> str:
+    """Why ``cur`` ranks below ``prev`` (a ``{}`` for prev's rank): predicted slower, or, in a
+    tie or without predictions, the first rule-of-thumb key that differs."""
+    p, q = prev.pred, cur.pred
+    if prev.tie < 0:
+        return _why_by_keys(prev, cur)
+    if p is None or q is None:
+        return _why_by_keys(prev, cur)
+    speeds = f"predicted {q.tokens_per_s_per_gpu:,.0f} vs {p.tokens_per_s_per_gpu:,.0f} " \
+             f"tokens/s/GPU"
+    if prev.tie != cur.tie:
+        return f"below #{{}}: {speeds} ({widest_gap(p, q)})"
+    return _why_by_keys(prev, cur).replace(
+        "below #{} on:", f"tie with #{{}} by predicted speed ({speeds}, within the band); "
+                         "below it on:")
+
+
+def _why_by_keys(prev: _Cand, cur: _Cand) -> str:
     a, b = prev.key(), cur.key()
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y and not (isinstance(x, float) and abs(x - y) < 5e-3):
@@ -376,6 +405,23 @@ def _admit(base: TrainingConfig, c: _Cand, count: Counter, rej: Rejections) -> s
     return ""
 
 
+def _by_speed(pool: list[_Cand], cal: Calibration | None,
+              band: float | None = None) -> list[_Cand]:
+    """Phase 4b: the families the keys put first, each timed by the step-time model and
+    ordered by predicted tokens/s/GPU within its fit class; layouts within the pair band of
+    each other are a tie and keep the keys' order (advise/speed.py)."""
+    for c in pool:
+        assert c.priced is not None
+        c.pred = predict(c.priced.cfg, cal)
+    order, groups = order_by_speed([c.pred for c in pool], [c.key() for c in pool],
+                                   [_FIT[c.fit] for c in pool],
+                                   pair_band(cal) if band is None else band)
+    out = [pool[i] for i in order]
+    for c, g in zip(out, groups, strict=True):
+        c.tie = g if band is None else -1
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # results
 
@@ -413,7 +459,14 @@ def _layout(c: _Cand, rank: int, prev: _Cand | None, nvlink: int, seq: int,
         headroom_gib=None if r.headroom_gib is None else round(r.headroom_gib, 2),
         fits_with_fragmentation=r.fits_with_fragmentation, config_changes=changes,
         overrides=as_overrides(changes), warnings=p.warnings,
-        reasons=reasons)
+        reasons=reasons, **_predicted_fields(c))
+
+
+def _predicted_fields(c: _Cand) -> dict[str, Any]:
+    q = c.pred
+    return {"predicted_step_time_s": round(q.step_time_s, 3) if q else None,
+            "predicted_tokens_per_s_per_gpu": round(q.tokens_per_s_per_gpu, 1) if q else None,
+            "predicted_band_s": round(q.band_s, 3) if q else None}
 
 
 def _changes(c: _Cand) -> dict[str, Any]:
@@ -439,11 +492,17 @@ def _reasons(c: _Cand, nvlink: int, seq: int) -> list[str]:
     out.append(f"{seq // c.cp} tokens per CP rank (the skill's start: 4096)")
     if c.alts:
         out.append("same sizes also fit with " + ", ".join(c.alts))
+    if c.pred is not None:
+        q = c.pred
+        out.append(f"predicted step {q.step_time_s:.2f} s (band ±{q.band_s:.2f} s), "
+                   f"{q.tokens_per_s_per_gpu:,.0f} tokens/s/GPU; largest term: "
+                   f"{q.largest_term}")
     return out
 
 
 def _published(base: TrainingConfig, row: PublishedRow, cands: list[_Cand], top: list[_Cand],
-               refused: set[tuple[int, ...]], count: Counter) -> PublishedLayout:
+               refused: set[tuple[int, ...]], count: Counter,
+               cal: Calibration | None) -> PublishedLayout:
     """Phase 5: a published layout priced and placed: its family's rank among every layout
     that fits (the returned ones first, then the rest by the same keys, leaving out families
     the validator refused) and the first key on which #1 beats it."""
@@ -471,12 +530,21 @@ def _published(base: TrainingConfig, row: PublishedRow, cands: list[_Cand], top:
                if pub.family in refused else _fit_words(pub) if r else "could not be priced")
         return PublishedLayout(**head, fit="no", rank=None, ranked_vpp=None, **mem, reason=why)
     rank, best = _family_rank(base, pub, cands, top, refused, count)
+    if best.pred is None and best.priced is not None:
+        best.pred = predict(best.priced.cfg, cal)
     why = ("ranks first" if rank == 1 else f"rank {rank} by the plan's keys" if not top else
            _why_below(top[0], best).format(1) + f" (#1 {_family(top[0].sk, top[0].cp)}: "
            f"{_traits(top[0])}; this one: {_traits(best)})")
+    q = best.pred
+    if rank != 1 and top and top[0].pred is not None and q is not None \
+            and "tokens/s/GPU (" not in why:
+        why += f"; its largest predicted extra over #1: {widest_gap(top[0].pred, q)}"
     return PublishedLayout(**head, fit=pub.fit, rank=rank,  # type: ignore[arg-type]
                            ranked_vpp=best.vpp,
-                           **mem, reason=f"{_fit_words(pub)}; {why}")
+                           **mem, reason=f"{_fit_words(pub)}; {why}",
+                           predicted_step_time_s=round(q.step_time_s, 3) if q else None,
+                           predicted_tokens_per_s_per_gpu=round(q.tokens_per_s_per_gpu, 1)
+                           if q else None)
 
 
 def _traits(c: _Cand) -> str:
@@ -551,10 +619,13 @@ def _rejected(rej: Rejections) -> list[RejectedFamily]:
 
 def plan_parallelism(cfg: TrainingConfig, num_gpus: int, gpu: str, seq_length: int,
                      global_batch_size: int, micro_batch_size: int | None = None,
-                     top_k: int = 10, constraints: PlanConstraints | dict[str, Any] | None = None
-                     ) -> ParallelismPlan:
+                     top_k: int = 10, constraints: PlanConstraints | dict[str, Any] | None = None,
+                     calibration: Calibration | None = None,
+                     rank_by: Literal["speed", "keys"] = "speed") -> ParallelismPlan:
     """Ranked layouts of ``cfg``'s model on ``num_gpus`` ``gpu``s (see the module docstring);
-    the config's recompute, precision, optimizer and offload settings are kept."""
+    the config's recompute, precision, optimizer and offload settings are kept.
+    ``calibration``: the step-time model's (the shipped one when None); ``rank_by="keys"``
+    orders by the skills' keys alone (predictions still shown), for comparison."""
     t0 = time.perf_counter()
     n = _bounded("num_gpus", num_gpus, 1, MAX_GPUS)
     seq = _bounded("seq_length", seq_length, 1, 16_777_216)
@@ -578,10 +649,12 @@ def plan_parallelism(cfg: TrainingConfig, num_gpus: int, gpu: str, seq_length: i
                        count, rej)
     _rescue(base, cands, top_k, count, rej)
     refused: set[tuple[int, ...]] = set()
-    top = _finalize(base, cands, top_k, count, rej, refused)
+    pool = _finalize(base, cands, SPEED_POOL, count, rej, refused)
+    ranked = _by_speed(pool, calibration, 1.0 if rank_by == "keys" else None)
+    top = ranked[:top_k]
     layouts = [_layout(c, i + 1, top[i - 1] if i else None, spec.nvlink_domain, seq, n)
-               for i, c in enumerate(top)]
-    published = [_published(base, row, cands, top, refused, count)
+               .model_copy(update={"tied_with": _tied(top, i)}) for i, c in enumerate(top)]
+    published = [_published(base, row, cands, ranked, refused, count, calibration)
                  for row in matching(base.model, spec.name, seq)]
     counts = PlanCounts(skeletons=sum(len(g.eps) for g in gs),
                         layouts=sum(len(g.eps) * len(g.cps) + g.dominated for g in gs),
@@ -597,6 +670,12 @@ def plan_parallelism(cfg: TrainingConfig, num_gpus: int, gpu: str, seq_length: i
         answer_markdown="")
 
     return plan.model_copy(update={"answer_markdown": plan_markdown(plan, base)})
+
+
+def _tied(top: list[_Cand], i: int) -> list[int]:
+    """Ranks (1-based) in the same tie group as ``top[i]``."""
+    t = top[i].tie
+    return [j + 1 for j, c in enumerate(top) if j != i and t >= 0 and c.tie == t]
 
 
 def _notes(cfg: TrainingConfig, layouts: list[PlannedLayout], seq: int,
@@ -623,6 +702,11 @@ def _notes(cfg: TrainingConfig, layouts: list[PlannedLayout], seq: int,
         notes.append("Full recompute is not offered as a way to fit at this sequence length: "
                      "it recomputes attention, which dominates the step at long context "
                      "(long-context skill: selective before full, no attention recompute).")
+    if layouts and layouts[0].tied_with:
+        ranks = ", ".join(f"#{r}" for r in [1, *layouts[0].tied_with])
+        notes.append(f"Layouts {ranks} are predicted within the step-time model's pair band of "
+                     "each other (a tie it cannot order; kept in the skills' key order): run "
+                     "each with submit_benchmark and pick with compare_benchmarks.")
     if nvlink >= 72:
         notes.append("NVL72: TP inside the 72-GPU NVLink domain can replace part of CP "
                      "(TP·CP carries the sequence split).")

@@ -157,11 +157,16 @@ def _graphs(cfg: TrainingConfig) -> str:
 
 
 def _table(plan: ParallelismPlan) -> list[str]:
-    rows = ["| # | layout | DP / EDP | min GPUs | peak GiB (stage) | headroom GiB | fit | "
-            "bubble |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| # | layout | predicted tokens/s/GPU (step s) | DP / EDP | min GPUs | "
+            "peak GiB (stage) | headroom GiB | fit | bubble |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for lay in plan.layouts:
         fit = lay.fit if lay.fit != "with_rung" else f"with: {lay.rung}"
-        rows.append(f"| {lay.rank} | {_sizes(lay)} | {lay.data_parallel_size} / "
+        speed = (f"{lay.predicted_tokens_per_s_per_gpu:,.0f} ({lay.predicted_step_time_s:.2f})"
+                 if lay.predicted_tokens_per_s_per_gpu and lay.predicted_step_time_s else "-")
+        if lay.tied_with:
+            speed += " tie " + ",".join(f"#{r}" for r in lay.tied_with)
+        rows.append(f"| {lay.rank} | {_sizes(lay)} | {speed} | {lay.data_parallel_size} / "
                     f"{lay.expert_data_parallel_size or '-'} | {lay.min_gpus} | "
                     f"{lay.peak_allocated_gib:.1f} ({lay.most_loaded_stage}) | "
                     f"{lay.headroom_gib if lay.headroom_gib is not None else '-'} | {fit} | "
@@ -181,8 +186,9 @@ def _published(plan: ParallelismPlan) -> list[str]:
         out.append(f"- {sizes} ({pub.model}, the long-context skill's published layout): "
                    f"{where}{pub.reason}. The skill gives it as a representative family "
                    "for efficiency, with no memory or throughput figures; this ranking prices "
-                   "memory and orders by the skills' layout rules (checked against Bridge's "
-                   "tuned recipes), it does not time a step - benchmark both if they differ.")
+                   "memory and orders by predicted step time (estimate_step_time, "
+                   "out-of-sample error in each layout's band), the skills' layout rules "
+                   "deciding ties - benchmark both if they differ.")
     return ["", "**The skill's published layout for this case:**", *out] if out else []
 
 
@@ -221,8 +227,9 @@ def plan_markdown(plan: ParallelismPlan, cfg: TrainingConfig) -> str:
         items.append("10. **Container:** at 128K and beyond run on a current container; "
                      "long-context paths depend on newer kernels and fixes.")
     body = [head, "", *[i for i in items if i], "",
-            "**Ranked layouts** (validate_config passes on each; per-stage memory from "
-            "estimate_memory):", "", *_table(plan)]
+            "**Ranked layouts** by predicted tokens/s/GPU (validate_config passes on each; "
+            "per-stage memory from estimate_memory; a tie is within the step-time model's "
+            "pair band and ordered by the skills' keys):", "", *_table(plan)]
     body += _published(plan)
     if plan.notes:
         body += ["", *[f"> {n}" for n in plan.notes]]

@@ -51,6 +51,15 @@ class PlannedLayout(BaseModel):
     overrides: list[str]
     warnings: list[str] = Field(description="validator warnings on this layout")
     reasons: list[str] = Field(description="why it ranks here")
+    predicted_step_time_s: float | None = Field(
+        None, description="the step-time model's prediction for this layout (estimate_step_time)")
+    predicted_tokens_per_s_per_gpu: float | None = Field(
+        None, description="what the ranking orders by (faster first within a fit class)")
+    predicted_band_s: float | None = Field(
+        None, description="the prediction's out-of-sample error band")
+    tied_with: list[int] = Field(
+        default_factory=list, description="ranks predicted within the model's pair band of "
+                                          "this one: a tie the model cannot order (A/B them)")
 
 
 class RejectedFamily(BaseModel):

@@ -44,15 +44,20 @@ class PublishedLayout(BaseModel):
                     "among the layouts enumerated here (rules, constraints or GPU count)")
     rank: int | None = Field(description="where its (TP, CP, EP, ETP, PP) family ranks among "
                                          "every enumerated layout that fits and passes "
-                                         "validate_config, by the plan's keys (the same "
-                                         "whatever top_k)")
+                                         "validate_config: by predicted speed among the "
+                                         "returned layouts, by the plan's keys below them")
     ranked_vpp: int | None = Field(description="the VPP its family ranks with (its best)")
     peak_allocated_gib: float | None
     headroom_gib: float | None
     config_changes: dict[str, Any] = Field(description="dotted Bridge keys for this layout, as "
                                                        "priced (empty when not offered)")
     overrides: list[str]
-    reason: str = Field(description="why it ranks there: the first key on which #1 beats it")
+    reason: str = Field(description="why it ranks there: #1's predicted speed and the term "
+                                    "that places it ahead, or the first key on which #1 beats "
+                                    "it")
+    predicted_step_time_s: float | None = Field(None, description="estimate_step_time of the "
+                                                                  "layout as ranked")
+    predicted_tokens_per_s_per_gpu: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,11 @@ class Calibration(BaseModel):
     graph_overhead_factor: float = Field(0.3, ge=0, le=1)
     """Share of that overhead left with CUDA graphs on (seed)."""
     tp_exposed: float = Field(0.5, ge=0, le=1)
+    """Exposed share of the TP all-gather/reduce-scatter with comm_overlap.tp_comm_overlap on
+    (TE userbuffers pipeline them with the GEMMs)."""
+    tp_exposed_no_overlap: float = Field(1.0, ge=0, le=1)
+    """The same without tp_comm_overlap: the collectives sit between the GEMMs on the critical
+    path (SimuMax counts every in-layer collective as exposed, step-time-model.md §3)."""
     cp_exposed: float = Field(0.3, ge=0, le=1)
     pp_exposed: float = Field(0.2, ge=0, le=1)
     dp_exposed: float = Field(0.1, ge=0, le=1)
@@ -66,6 +71,12 @@ class Calibration(BaseModel):
     hbm_eff: float = Field(0.7, gt=0, le=1)
     band_frac: float = Field(0.15, ge=0)
     """Out-of-sample p80 |relative error| of step time on the fitted source."""
+    pair_band_frac: float = Field(0.13, ge=0, le=1)
+    """p80 of |predicted / measured - 1| of the throughput ratio of two measured runs of the
+    same model: 13.2 % on the 153 layout pairs of the NeMo auto-configurator sweep and 7.3 %
+    on the skill cards' A/B pairs (19 with a change of at least 2 %; both in
+    ../shared/data/steptime, printed by benchmarks/steptime_accuracy.py). Two layouts whose
+    predictions differ by less are a tie for the planner."""
     fitted: list[str] = Field(default_factory=list)
     rows: list[dict[str, str]] = Field(default_factory=list)
     """The rows the fit used (recipe dump, release, GPU, GPUs, precision)."""

@@ -302,6 +302,7 @@ class _Ctx:
     ep_bw: float
     pp_bw: float
     ep_exp: float
+    tp_exp: float
     overhead: float
     chunk_len: int
 
@@ -343,6 +344,7 @@ def _setup(cfg: TrainingConfig | Derived, gpu: str | GPUSpec | None,
         cp_bw=_bw(spec, d.tp * d.cp, cal), ep_bw=_bw(spec, d.ep * d.etp, cal),
         pp_bw=_bw(spec, d.world_size, cal),
         ep_exp=cal.ep_exposed * (cal.ep_overlap_flag_factor if ep_overlap else 1.0),
+        tp_exp=cal.tp_exposed if d.cfg.overlap.tp_comm_overlap else cal.tp_exposed_no_overlap,
         overhead=cal.layer_overhead_us * 1e-6 * (cal.graph_overhead_factor if d.graphs.on
                                                  else 1.0),
         chunk_len=max(1, max(max(c) for c in d.layers_per_chunk or [[1]])))
@@ -356,7 +358,7 @@ def _layer_terms(c: _Ctx, lw: LayerWork, n: int, terms: dict[str, float]) -> Non
     size_eff = f_gemm / (f_gemm + cal.gemm_half_flops) if f_gemm > 0 else 1.0
     t_lin = tok * (lw.attn_linear + lw.dense_mlp) / (c.gemm_rate * size_eff)
     t_core = tok * lw.attn_core / c.attn_rate
-    t_exp = tok * lw.experts / c.group_rate
+    t_exp = tok * lw.experts / (c.group_rate * _expert_size_eff(c, lw))
     terms["compute"] += n * (t_lin + t_core + t_exp + tok * lw.ssm_core / c.ssm_rate)
     t_mem = tok * h * MEM_BYTES_PER_TOKEN_H * (3 if lw.moe else 1) / c.hbm
     terms["memory"] += n * t_mem
@@ -366,7 +368,7 @@ def _layer_terms(c: _Ctx, lw: LayerWork, n: int, terms: dict[str, float]) -> Non
                                + fmem * t_mem) / 3.0
     if d.tp > 1:
         n_coll = (4 if lw.attention or lw.attn_linear else 0) + 4
-        terms["tp"] += n * n_coll * (d.tp - 1) / d.tp * c.act / c.tp_bw * cal.tp_exposed
+        terms["tp"] += n * n_coll * (d.tp - 1) / d.tp * c.act / c.tp_bw * c.tp_exp
     if d.cp > 1 and lw.attention:
         kv = c.tok_cp * c.work.kv_dim * ACT_BYTES / d.tp
         terms["cp"] += n * 3 * (d.cp - 1) * kv / c.cp_bw * cal.cp_exposed
@@ -375,6 +377,16 @@ def _layer_terms(c: _Ctx, lw: LayerWork, n: int, terms: dict[str, float]) -> Non
         vol = 4 * (c.tok_cp / d.tp) * topk * h * ACT_BYTES * (d.ep - 1) / d.ep
         terms["ep"] += n * vol / c.ep_bw * c.ep_exp
     terms["other"] += n * c.overhead
+
+
+def _expert_size_eff(c: _Ctx, lw: LayerWork) -> float:
+    """Grouped-GEMM size efficiency: each local expert sees tok·EP·topk/E tokens (more EP,
+    bigger GEMMs); one of its ~3 projections' forward FLOPs, split over ETP."""
+    e = c.d.cfg.model.num_moe_experts or 0
+    if not lw.experts or not e:
+        return 1.0
+    f = c.tok * c.d.ep * lw.experts / (9.0 * e * c.d.etp)
+    return f / (f + c.cal.gemm_half_flops)
 
 
 def _slowest_stage(c: _Ctx) -> tuple[float, dict[str, float]]:
@@ -426,11 +438,14 @@ def _step_extras(c: _Ctx) -> tuple[float, float]:
 _TERM_NAMES = {
     "compute": ("compute", "GEMMs at the dense peak x calibrated efficiency x F/(F + "
                            "gemm_half_flops) for the layer's GEMM size F, attention core "
-                           "at the BF16 peak x attn_eff, experts x grouped_gemm_factor"),
+                           "at the BF16 peak x attn_eff, experts x grouped_gemm_factor x "
+                           "the same size factor for a local expert's tokens (tok·EP·topk/E)"),
     "memory": ("memory-bound ops", "norms/activations/dropout as bytes over HBM "
                                    "bandwidth x hbm_eff"),
     "recompute": ("recompute", "extra forward of the recomputed modules"),
-    "tp": ("exposed comm: TP", "AG/RS (or AR) per layer, NVLink when TP <= domain"),
+    "tp": ("exposed comm: TP", "AG/RS (or AR) per layer, NVLink when TP <= domain; "
+                               "tp_exposed with tp_comm_overlap, tp_exposed_no_overlap "
+                               "without"),
     "cp": ("exposed comm: CP", "ring K/V exchange per attention layer"),
     "ep": ("exposed comm: EP", "dispatch+combine all-to-all per MoE layer, NVLink when "
                                "EP x ETP <= domain, else one NIC per GPU"),

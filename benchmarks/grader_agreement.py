@@ -31,7 +31,9 @@ tests/evals/test_claims.py, and own answers in tests/evals/answers22):
 Later, from our own answers only (the measured half was not read again): a negated lead-in
 ("Things I would not do:") negates the list after it; "refuses" refuses CPU offloading; a
 contrast inside a claim negates its tail ("mean over 41-50, not from iteration 1"); a label
-leading a line ("core_attn: ~0") is not an invented key.
+leading a line ("core_attn: ~0") is not an invented key; inline step numbers ("... 2) fit")
+split sentences; a table row whose verdict cell opens with "no" / "✗" is rejected; "X and Y in
+the same run" / "credit the gain to both" as a multi-variable A/B.
 After those the measured half reads 24/24; it is therefore no longer an unseen-data figure in
 the strict sense: the grader's capabilities, not its phrasings, were steered by it.
 """

@@ -323,3 +323,19 @@ def test_a_contrast_inside_a_claim_negates_its_tail() -> None:
 def test_a_label_leading_a_line_is_not_an_invented_key() -> None:
     assert valid_keys(parse_answer("- core_attn: about 0 with fused attention, skip it.")).passed
     assert not valid_keys(parse_answer("Set recompute_attention_scores: true.")).passed
+
+
+def test_inline_step_numbers_split_sentences() -> None:
+    units = parse_answer("Plan: 1) pin the contract. 2) fit first. 3) profile.").units
+    assert [u.norm for u in units] == ["plan: 1) pin the contract.", "2) fit first.",
+                                       "3) profile."]
+
+
+def test_a_rejecting_verdict_cell_negates_its_table_row() -> None:
+    from mbridge_perf.evals.matching import recommended
+    rows = parse_answer("| lever | verdict |\n|---|---|\n| TP 4→8 | no (−28.4 %) |\n"
+                        "| CPU offload | ✗ at PP=4 |\n| layernorm | yes, first |\n").units
+    assert not recommended(rows, "TP=8") and not recommended(rows, "cpu offload")
+    assert recommended(rows, "layernorm")
+    # the first cell is the lever's name, not a verdict
+    assert recommended(parse_answer("| no-op recompute? | use layernorm |").units, "layernorm")

@@ -214,6 +214,8 @@ class _Scan:
                           if not self.masked(m.start(), m.end())]
         self.not_first_starts = [p[0] for p in self.not_first]
         self.graph_lists = [(m.start(), m.end()) for m in _GRAPH_LIST.finditer(s)]
+        bar = s.find("|", 1) if s.startswith("|") else -1
+        self.row_rejected = bar > 0 and bool(_ROW_NO.search(s, bar))
 
     def clause(self, start: int, end: int, n: int) -> tuple[int, int]:
         k = bisect_right(self.break_ends, start) - 1
@@ -281,6 +283,8 @@ def is_recommended(unit: Unit, start: int, end: int) -> bool:
         return False
     s = unit.norm
     sc = _scan(s)
+    if sc.row_rejected:
+        return False
     lo, hi = sc.clause(start, end, len(s))
     if _inside(sc.cond, start, end) and not _inside(sc.late, start, end):
         return False
@@ -304,7 +308,7 @@ def is_negated(unit: Unit, start: int, end: int) -> bool:
     s = unit.norm
     sc = _scan(s)
     lo, hi = sc.clause(start, end, len(s))
-    if _prefixed(sc, s, lo, start) or _under_label(sc, start):
+    if sc.row_rejected or _prefixed(sc, s, lo, start) or _under_label(sc, start):
         return True
     limit = min(hi, end + _SUFFIX_REACH)
     k = bisect_left(sc.suffix_starts, end)
@@ -320,6 +324,9 @@ def is_negated(unit: Unit, start: int, end: int) -> bool:
 _LABEL = re.compile(r"\b(?:avoid|do not|don't|never|rejected|not recommended|what not to do|"
                     r"wrong|mistakes?|claims to avoid)\s*:|"
                     r"^\s*(?:\d+[.)]\s*)?(?:do not|don't|never|avoid|no)\b[^:;.]{0,80}:")
+# A table row whose verdict cell (any cell after the first) opens with a rejection: "| TP 4→8 |
+# no (-28.4 %) |", "| CPU offload | ✗ at PP=4 |".
+_ROW_NO = re.compile(r"\| ?(?:(?:no|not|never|avoid|do not|skip|rejected|out)\b|[✗❌🚫])")
 # A graph scope list names modules that are captured, not recomputed.
 _GRAPH_LIST = re.compile(r"cuda[_ ]graph[_ ](?:modules|scope)\s*[:=]?\s*\[[^\]]{0,200}\]|"
                          r"(?:graph(?:s|ed)?|capture[sd]?)\s+(?:scope|modules?)\s*[:=]?\s*"

@@ -338,12 +338,15 @@ _RESULT = re.compile(r"\s{0,8}(?:=|≈|->)\s{0,8}(\d[\d,]{0,24}(?:\.\d{1,12})?k?
 _EXPR_REACH = 60
 
 
-def arithmetic_errors(units: list[Unit]) -> list[Arithmetic]:
+def arithmetic_errors(units: list[Unit], limit: int = 8) -> list[Arithmetic]:
     """Products and quotients of plain numbers written with their result ("4 × 32 = 128",
     "131072 / 4096 = 16"), recomputed; a result off by more than 2 % is an error. Each "="
-    looks back at most 60 characters, so the scan is linear in the answer."""
+    looks back at most 60 characters, so the scan is linear in the answer; it stops at
+    ``limit`` errors (a verdict quotes the first three)."""
     out: list[Arithmetic] = []
     for u in units:
+        if len(out) >= limit:
+            break
         s = u.norm
         for res in _RESULT.finditer(s):
             k = res.start()

@@ -396,3 +396,88 @@ def _ping(port: int, sid: str) -> int:
         return resp.status
     finally:
         conn.close()
+
+
+def _peak_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
+
+
+PLAN_720720 = {"config": {"preset": "qwen3-235b-a22b"}, "num_gpus": 720_720, "gpu": "GB200",
+               "seq_length": 1_441_440, "global_batch_size": 72_072_000}
+
+
+@pytest.mark.anyio
+async def test_concurrent_heavy_tool_calls_keep_memory_bounded() -> None:
+    """Ten clients each running plan_parallelism at 720,720 GPUs at once (~200 MB apiece while it
+    runs): the server runs a bounded number at a time, so its peak stays bounded (12 of them
+    took it to 2.2 GB before), every call is answered and a new client is served meanwhile."""
+    import anyio
+
+    from mbridge_perf.http_bounds import HTTP_TOOL_THREADS
+
+    async def plan(port: int, errors: list[bool]) -> None:
+        async with Client(f"http://127.0.0.1:{port}/mcp") as c:
+            errors.append((await c.call_tool("plan_parallelism", PLAN_720720)).is_error)
+
+    with serving_process() as (port, proc):
+        errors: list[bool] = []
+        async with anyio.create_task_group() as tg:
+            for _ in range(10):
+                tg.start_soon(plan, port, errors)
+            await anyio.sleep(1)
+            async with Client(f"http://127.0.0.1:{port}/mcp") as c:
+                r = await c.call_tool("validate_config", {"config": {"preset": "llama3-8b"}})
+            assert r.structured_content["ok"] is True
+        peak = _peak_kib(proc.pid)
+    assert errors == [False] * 10
+    assert 1 <= HTTP_TOOL_THREADS <= 8
+    assert peak < 1200 * 1024, f"peak {peak} KiB for 10 concurrent plans"
+
+
+@pytest.mark.anyio
+async def test_post_count_bound_drops_a_stalled_body_first_then_answers_503() -> None:
+    import anyio
+
+    from mbridge_perf.http_bounds import BodyBounds
+
+    release = anyio.Event()
+
+    async def app(scope: dict, receive, send) -> None:
+        await receive()
+        await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    bounds = BodyBounds(app, max_posts=2, timeout_s=30)
+    results: dict[str, int] = {}
+
+    async def call(name: str, stall: bool) -> None:
+        parts = [{"type": "http.request", "body": b"x", "more_body": stall}]
+
+        async def receive() -> dict:
+            if parts:
+                return parts.pop()
+            await anyio.sleep(60)
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                results[name] = message["status"]
+
+        await bounds({"type": "http", "method": "POST", "path": "/", "headers": []},
+                     receive, send)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, "served", False)
+        tg.start_soon(call, "stalled", True)
+        await anyio.sleep(0.05)
+        tg.start_soon(call, "new", False)  # full: the stalled body makes way
+        await anyio.sleep(0.05)
+        assert results == {"stalled": 408}
+        tg.start_soon(call, "refused", False)  # full of requests being served
+        await anyio.sleep(0.05)
+        assert results == {"stalled": 408, "refused": 503}
+        release.set()
+    assert results == {"stalled": 408, "refused": 503, "served": 200, "new": 200}
+    assert bounds.posts == 0 and bounds.held == 0

@@ -121,6 +121,26 @@ def test_submit_contract_records_the_job_env_the_script_exports(tmp_path) -> Non
     assert "OMP_PLACES=" in handle.script
 
 
+def test_profile_wiring_outside_the_allowlist_still_tells_runs_apart() -> None:
+    """Cluster wiring a profile sets (NCCL_IB_HCA) is not recorded by value, but two runs whose
+    profiles differ in it are not an A/B of anything else: the job's env hash differs; a secret
+    never appears in the record, and a profile without such names has no hash."""
+    from mbridge_perf.bench import service
+
+    cfg = load_config(preset="llama3-8b", overrides=["cluster.num_gpus=8"])
+
+    def contract(env: dict[str, str]) -> MeasurementContract:
+        profile = service.resolve_profile({"name": "p", "executor": "local", "env": env})
+        handle = service.submit(cfg, profile, steps=50, recipe="llama3_8b_pretrain_config")
+        return MeasurementContract.model_validate(handle.contract)
+
+    a = contract({"NCCL_IB_HCA": "mlx5_0", "HF_TOKEN": "hf_secret"})
+    b = contract({"NCCL_IB_HCA": "mlx5_1", "HF_TOKEN": "hf_secret"})
+    assert "hf_secret" not in a.model_dump_json() and "mlx5_0" not in a.model_dump_json()
+    assert variables(diff(a, b)) == ["job.env_sha256"]
+    assert contract({"NCCL_ALGO": "Ring"}).job.env_sha256 is None
+
+
 def test_bad_inputs_are_named() -> None:
     with pytest.raises(ValueError, match=r"unknown version key.*bridge_sha"):
         moe(versions={"bridge_sha": "abc"})

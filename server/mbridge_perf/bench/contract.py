@@ -63,6 +63,9 @@ class Job(_Part):
     executor: str | None = Field(None, description="local or slurm")
     setup_sha256: str | None = Field(None, description="hash of the profile's setup lines "
                                                        "(None: no setup lines)")
+    env_sha256: str | None = Field(None, description="hash of the profile's env variables the "
+                                                     "environment does not record by value "
+                                                     "(cluster wiring, credentials; None: none)")
     launcher_args: list[str] = Field(default_factory=list)
     srun_args: list[str] = Field(default_factory=list)
 

@@ -24,7 +24,7 @@ from mbridge_perf.bench.contract import (
     Versions,
     contract_from_config,
 )
-from mbridge_perf.bench.envpolicy import EnvPolicyError, check_env
+from mbridge_perf.bench.envpolicy import EnvPolicyError, check_env, refusal
 from mbridge_perf.bench.executors import cancel_run, refresh_run, submit_run
 from mbridge_perf.bench.launch import VERSIONS_PREFIX, job_env, render_script
 from mbridge_perf.bench.logparse import parse_iteration_line, parse_log, read_tail
@@ -106,9 +106,12 @@ def _contract(cfg: TrainingConfig, profile: ClusterProfile, window: tuple[int, i
     sized = cfg.model_copy(update={"train": cfg.train.model_copy(update={"train_iters": steps}),
                                    "env": job_env(cfg, profile)})
     setup = "\n".join(profile.setup)
+    unrecorded = {k: v for k, v in sorted(profile.env.items()) if refusal(k) is not None}
     job = Job(executor=profile.executor, launcher_args=list(profile.launcher_args),
               srun_args=list(profile.srun_args),
-              setup_sha256=hashlib.sha256(setup.encode()).hexdigest() if setup else None)
+              setup_sha256=hashlib.sha256(setup.encode()).hexdigest() if setup else None,
+              env_sha256=(hashlib.sha256(json.dumps(unrecorded).encode()).hexdigest()
+                          if unrecorded else None))
     known = {"container": profile.container_image} if profile.container_image else {}
     try:
         return contract_from_config(sized, versions={**known, **dict(versions or {})},

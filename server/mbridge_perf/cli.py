@@ -128,6 +128,31 @@ def _cmd_steptime(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from mbridge_perf.bench.calibrate import calibrate
+    from mbridge_perf.bench.registry import Registry
+
+    try:
+        res = calibrate(Registry(args.registry) if args.registry else None,
+                        out=Path(args.out) if args.out else None, write=not args.dry_run)
+    except ValueError as exc:  # CalibrateError, RegistryError
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(res.model_dump_json(indent=2))
+        return 0
+    print(f"{'wrote' if res.written else 'would write (dry run)'} {res.path}: fitted on "
+          f"{len(res.runs)} runs ({', '.join(res.fitted) or 'nothing moved'}); median |error| "
+          f"{res.before_median_error_pct:.1f} % before, {res.after_median_error_pct:.1f} % after")
+    for r in res.runs:
+        print(f"  {r.run_id[:12]} {r.gpu:10} measured {r.measured_s:8.3f} s  before "
+              f"{r.before_s:8.3f} s ({r.before_s / r.measured_s - 1:+.1%})  after "
+              f"{r.after_s:8.3f} s ({r.after_s / r.measured_s - 1:+.1%})")
+    for why in res.skipped[:20]:
+        print(f"  skipped {why}")
+    return 0
+
+
 def _cmd_estimate(args: argparse.Namespace) -> int:
     from mbridge_perf.config.errors import ConfigError
     from mbridge_perf.memory.answer import estimate_with_answer as estimate_memory
@@ -265,7 +290,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             return 0
         if args.action == "compare":
             cmp = service.compare_runs(args.run_a, args.run_b, registry=reg)
-            _bench_print(args, cmp, render_comparison(cmp.comparison))
+            text = render_comparison(cmp.comparison)
+            if cmp.predicted is not None:
+                text += f"\n\nStep-time model: {cmp.predicted.note}"
+            _bench_print(args, cmp, text)
             return 0 if cmp.comparison.valid else 1
         runs = service.list_runs(registry=reg, state=args.state, limit=args.limit)
         _bench_print(args, [r.model_dump(mode="json") for r in runs],
@@ -368,6 +396,16 @@ def _add_config_parsers(sub: Subparsers) -> None:
     _add_config_args(p)
     p.add_argument("--gpu", help="GPU kind, e.g. H100, GB200 (default: cluster.gpu)")
     p.set_defaults(func=_cmd_steptime)
+
+    p = sub.add_parser("calibrate", help="refit the step-time model on your completed "
+                                         "benchmark runs")
+    p.add_argument("--registry", help="run registry file (default: $MBRIDGE_PERF_REGISTRY "
+                                      "or the user data directory)")
+    p.add_argument("--out", help="where to write (default: $MBRIDGE_PERF_CALIBRATION or "
+                                 "~/.config/mbridge-perf/calibration.json, which the tools read)")
+    p.add_argument("--dry-run", action="store_true", help="fit and print; write nothing")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_calibrate)
 
     p = sub.add_parser("recommend", help="the recompute / memory ladder for a config",
                        description="Exit 0: a step fits; 1: nothing on the ladder fits; "

@@ -109,6 +109,13 @@ async def test_submit_poll_result_and_a_valid_a_b(client: Client) -> None:
     assert not err, text
     assert cmp["comparison"]["valid"] is True and cmp["comparison"]["variable"] == "recompute"
     assert {d["metric"] for d in cmp["comparison"]["deltas"]} >= {"step_time_ms"}
+    # the step-time model's expected change beside the measured one (a CPU run has no GPU
+    # for it to price: said, not guessed)
+    pred = cmp["predicted"]
+    assert pred["measured_change_pct"] == pytest.approx(
+        next(d["delta_pct"] for d in cmp["comparison"]["deltas"]
+             if d["metric"] == "step_time_ms"), abs=0.01)
+    assert pred["verdict"] == "not_predicted" and pred["note"].startswith("no prediction")
 
 
 async def test_cancel_stops_a_running_benchmark(client: Client) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from mbridge_perf.bench.predicted import PredictedChange
 from mbridge_perf.bench.result import BenchmarkResult, Comparison
 
 
@@ -54,3 +55,6 @@ class RunComparison(BaseModel):
     a: str
     b: str
     comparison: Comparison
+    predicted: PredictedChange | None = Field(
+        None, description="the step-time model's expected change for the two configs, beside "
+                          "the measured one (bench/predicted.py)")

@@ -28,6 +28,7 @@ from mbridge_perf.bench.envpolicy import EnvPolicyError, check_env, refusal
 from mbridge_perf.bench.executors import cancel_run, refresh_run, submit_run
 from mbridge_perf.bench.launch import VERSIONS_PREFIX, job_env, render_script
 from mbridge_perf.bench.logparse import parse_iteration_line, parse_log, read_tail
+from mbridge_perf.bench.predicted import predicted_change
 from mbridge_perf.bench.profile import ClusterProfile, ProfileError, builtin_profiles, load_profile
 from mbridge_perf.bench.registry import Registry, RegistryError, RunNotFound, RunRecord
 from mbridge_perf.bench.reports import RunComparison, RunHandle, RunResult, RunStatus
@@ -294,7 +295,13 @@ def compare_runs(run_a: str, run_b: str, *, registry: Registry | None = None
         judged = result(run_id, registry=reg)
         pairs.append((MeasurementContract.model_validate(judged.evidence["contract"]),
                       judged.result))
-    return RunComparison(a=run_a, b=run_b, comparison=compare(pairs[0], pairs[1]))
+    cmp = compare(pairs[0], pairs[1])
+    step = next((d for d in cmp.deltas if d.metric == "step_time_ms"), None)
+    predicted = predicted_change(
+        _get(reg, run_a).config, _get(reg, run_b).config, pairs[0][0].hardware.gpu,
+        pairs[1][0].hardware.gpu, None if step is None or step.delta_pct is None
+        else round(step.delta_pct, 2))
+    return RunComparison(a=run_a, b=run_b, comparison=cmp, predicted=predicted)
 
 
 def _unreadable(run_id: str, why: str) -> RunStatus:

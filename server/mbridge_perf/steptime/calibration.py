@@ -13,10 +13,13 @@ out-of-sample residual spread the report turns into ``band_s``.
 from __future__ import annotations
 
 import json
+import os
 from functools import cache
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from mbridge_perf.config.errors import ConfigError
 
 CALIBRATION_FILE = Path(__file__).with_name("data") / "calibration.json"
 
@@ -99,10 +102,37 @@ SEED = Calibration(
 )
 
 
-@cache
+USER_ENV = "MBRIDGE_PERF_CALIBRATION"
+
+
+def user_calibration_path() -> Path:
+    """Where ``mbridge-perf calibrate`` writes the user's own calibration: $MBRIDGE_PERF_
+    CALIBRATION, else the user's config directory (never a tool argument)."""
+    env = os.environ.get(USER_ENV)
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "mbridge-perf" / "calibration.json"
+
+
 def load_calibration(path: str | None = None) -> Calibration:
-    """The shipped calibration (or the file at ``path``); the seed when the file is absent."""
-    p = Path(path) if path else CALIBRATION_FILE
-    if not p.exists():
+    """The calibration at ``path``; else the user's own (``mbridge-perf calibrate``) where it
+    exists; else the shipped file; the seed when none exists. Re-read when the file changes."""
+    p = Path(path) if path else user_calibration_path()
+    if not path and not p.is_file():
+        p = CALIBRATION_FILE
+    try:
+        stamp = p.stat().st_mtime_ns
+    except OSError:
         return SEED
-    return Calibration.model_validate(json.loads(p.read_text("utf-8")))
+    return _read(str(p), stamp)
+
+
+@cache
+def _read(path: str, stamp: int) -> Calibration:
+    try:
+        return Calibration.model_validate(json.loads(Path(path).read_text("utf-8")))
+    except (OSError, ValueError) as exc:
+        raise ConfigError("calibration", f"{path} is not a step-time calibration "
+                                         f"({type(exc).__name__}); rerun `mbridge-perf "
+                                         "calibrate` or delete the file") from None

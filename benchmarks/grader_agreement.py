@@ -33,7 +33,8 @@ Later, from our own answers only (the measured half was not read again): a negat
 contrast inside a claim negates its tail ("mean over 41-50, not from iteration 1"); a label
 leading a line ("core_attn: ~0") is not an invented key; inline step numbers ("... 2) fit")
 split sentences; a table row whose verdict cell opens with "no" / "✗" is rejected; "X and Y in
-the same run" / "credit the gain to both" as a multi-variable A/B.
+the same run" / "credit the gain to both" as a multi-variable A/B; "only layer 0 is recomputed"
+as the uniform-first-layer claim.
 After those the measured half reads 24/24; it is therefore no longer an unseen-data figure in
 the strict sense: the grader's capabilities, not its phrasings, were steered by it.
 """

@@ -21,9 +21,9 @@ from mbridge_perf.evals.vocab import SIZE_TOKENS, SIZES
 _SIZES = SIZES
 _SIZE_RE = [(re.compile(rf"(?<![a-z0-9_.])(?:{pat})(?![a-z_])"), tok) for pat, tok in _SIZES]
 _SIZE_TOK = SIZE_TOKENS
-_SIZE_VALUE = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK})\s{{0,8}}(?:=|:|of|to|is|at|from|size)?"
-                         r"\s{0,8}(\d{1,9})"
-                         r"(?!\d|\.\d)")
+# (normalise applies it after white space runs became one space: one optional space a side)
+_SIZE_VALUE = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK}) ?(?:=|:|of|to|is|at|from|size)?"
+                         r" ?(\d{1,9})(?!\d|\.\d)")
 _SIZE_ARROW = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK})=(\d+)\s*(?:->|→|to)\s*(\d+)")
 _FLAG_VALUE = re.compile(r"(--?[a-z][a-z0-9_\-]{0,63})\s{1,8}(\d{1,12}|true|false)\b")
 _DROP = re.compile(r"[`*\"'“”‘’]")

@@ -179,7 +179,8 @@ def recommend_recompute(
     recompute_method and the smallest recompute_num_layers that fits, optimizer CPU
     offload, activation offload where PP = 1. Never a TP increase or VPP change. Returns
     steps (action, config_changes as dotted overrides, est_peak_gib of the most-loaded
-    stage, est_saving_gib, throughput_cost measured or estimated with its source, verdict
+    stage, est_saving_gib, throughput_cost - the skills' measured figure, else the step-time
+    model's predicted change, else a FLOPs ratio - with its basis and source, verdict
     fits / tight / does_not_fit, rationale, skill); the ladder stops at the first step that
     fits or is tight (first_fitting_step; later steps are marked optional margin) and a
     config that already fits gets no steps; scenario (fragmentation / capacity / tight /

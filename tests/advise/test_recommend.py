@@ -350,3 +350,28 @@ async def test_a_config_that_fits_gets_no_steps_over_mcp() -> None:
     assert not r.is_error
     assert r.structured_content["steps"] == []
     assert r.structured_content["baseline"]["verdict"] == "fits"
+
+
+def test_a_rung_without_a_measured_cost_gets_the_step_time_models_prediction() -> None:
+    """Qwen3-30B-A3B at 16K on 8 GB200 (Bridge's MXFP8 recipe): no skill measured moe_act or
+    layernorm recompute on it, so their cost is estimate_step_time before and after the rung,
+    labelled "model"; without a GPU to time a step it falls back to the FLOPs ratio."""
+    from mbridge_perf.steptime import predict_step_time_s
+
+    cfg = load_config(recipe="qwen3_30b_a3b_pretrain_8gpu_gb200_fp8mx",
+                      overrides=["cluster.num_gpus=8", "cluster.gpu=GB200",
+                                 "model.seq_length=16384"])
+    plan = recommend_recompute(cfg)
+    first = plan.steps[0]
+    cost = first.throughput_cost
+    assert cost.basis == "model" and "estimate_step_time" in cost.source
+    before = predict_step_time_s(cfg)
+    after = predict_step_time_s(apply_changes(cfg, first.config_changes))
+    assert cost.pct == pytest.approx(round((after / before - 1) * 100, 1))
+    assert cost.pct > 0  # recompute repeats work: never predicted free
+    no_gpu = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"gpu": None})})
+    assert recommend_recompute(no_gpu, gpu="GB200").steps[0].throughput_cost == cost
+    no_batch = no_gpu.model_copy(update={"cluster": no_gpu.cluster.model_copy(
+        update={"num_gpus": None})})
+    flops = recommend_recompute(no_batch, gpu="GB200").steps[0].throughput_cost
+    assert flops.basis == "estimate" and "FLOPs" in flops.source

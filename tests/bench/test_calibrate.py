@@ -1,10 +1,10 @@
 """`mbridge-perf calibrate` on a registry of completed runs, and the predicted change that
 compare_benchmarks shows beside a measured one.
 
-The runs are NVIDIA's own measurements: the five H100 pretrain / SFT recipes of Megatron Bridge's published
-throughput tables (tests/data/measured_recipes.csv, each row naming its source), recorded in a
-real registry as completed, judged runs with the recipe's config (the shipped corpus) - what a
-user on H100 would have after benchmarking those recipes.
+The runs are NVIDIA's own measurements: the five H100 pretrain / SFT recipes of Megatron
+Bridge's published throughput tables (tests/data/measured_recipes.csv, each row naming its
+source), recorded in a real registry as completed, judged runs with the recipe's config (the
+shipped corpus) - what a user on H100 would have after benchmarking those recipes.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def test_calibrate_refits_on_the_users_runs_and_the_tools_read_the_file(
     # every tool reads the user's file from then on (estimate_step_time names it)
     monkeypatch.setenv("MBRIDGE_PERF_CALIBRATION", str(out))
     assert load_calibration().source == saved["source"]
-    name, n, step, cfg = _h100_runs()[0]
+    _name, _n, step, cfg = _h100_runs()[0]
     rep = estimate_step_time(load_config(data=cfg))
     assert any("mbridge-perf calibrate" in a for a in rep.assumptions)
     after = next(r for r in res.runs if abs(r.measured_s - step) < 1e-9)
@@ -89,7 +89,7 @@ def test_calibrate_refits_on_the_users_runs_and_the_tools_read_the_file(
 def test_calibrate_without_enough_runs_says_what_to_run(tmp_path: Path) -> None:
     reg = Registry(tmp_path / "runs.db")
     _record(reg, _h100_runs()[0][2], _h100_runs()[0][3])
-    with pytest.raises(CalibrateError, match="1 usable completed run.*submit_benchmark"):
+    with pytest.raises(CalibrateError, match=r"1 usable completed run.*submit_benchmark"):
         calibrate(reg, out=tmp_path / "c.json")
     assert not (tmp_path / "c.json").exists()
 

@@ -1,5 +1,6 @@
 """Throughput cost of a memory rung: the skills' measured figure where the run matches, else
-recomputed FLOPs / step FLOPs, labelled as an estimate.
+the step-time model's predicted change (before and after the rung, on the config's GPU and
+batch), else recomputed FLOPs / step FLOPs - each labelled with its basis.
 
 Why FLOPs: recompute repeats forward work, so its cost is bounded by the forward FLOPs it
 repeats over the step's (forward + 2x backward) FLOPs; memory-bound modules (norms, activation
@@ -12,8 +13,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.model import ModelSection, TrainingConfig
 from mbridge_perf.memory.params import layer_kinds, layer_params
+from mbridge_perf.steptime import load_calibration, predict_step_time_s
 
 RECOMPUTE_CARD = ("Megatron Bridge perf-activation-recompute card, Llama3 70B SFT 32x H100 FP8-CS "
                   "(skills/nemo-mbridge-perf-activation-recompute/card.yaml, "
@@ -29,7 +32,9 @@ class ThroughputCost(BaseModel):
 
     pct: float | None = Field(description="percent slower (step time up / TFLOP/s down); "
                                           "None when not known")
-    basis: Literal["measured", "estimate", "none"]
+    basis: Literal["measured", "model", "estimate", "none"] = Field(
+        description="measured: the skills' run; model: estimate_step_time before and after; "
+                    "estimate: recomputed FLOPs / step FLOPs (no GPU or batch to time a step)")
     text: str = Field(description="the figure in words, with what it was measured on")
     source: str = Field(description="where the figure comes from")
 
@@ -144,3 +149,20 @@ def module_cost(cfg: TrainingConfig, module: str) -> ThroughputCost:
             "moe": "also repeats the token dispatch / combine all-to-all",
             "mlp": "measured about 16 % TFLOP/s on Llama3 70B"}.get(module, "")
     return estimated_cost(cfg, [module], note=note)
+
+
+def model_cost(before: TrainingConfig, after: TrainingConfig, fallback: ThroughputCost,
+               gpu: str | None = None) -> ThroughputCost:
+    """The step-time model's predicted change from ``before`` to ``after``; ``fallback`` (the
+    FLOPs estimate) when the config lacks what a step time needs (GPU, GPU count, batch)."""
+    try:
+        a = predict_step_time_s(before, gpu=gpu)
+        b = predict_step_time_s(after, gpu=gpu)
+    except (ConfigError, ValueError, ZeroDivisionError):
+        return fallback
+    pct = (b / a - 1.0) * 100.0
+    return ThroughputCost(
+        pct=round(pct, 1), basis="model",
+        text=f"~{pct:+.1f} % step time predicted ({a:.2f} -> {b:.2f} s per step; "
+             f"FLOPs alone: {fallback.pct if fallback.pct is not None else '?'} %)",
+        source=f"estimate_step_time (steptime/; calibration: {load_calibration().source[:80]})")

@@ -22,6 +22,7 @@ from mbridge_perf.advise.costs import (
     ThroughputCost,
     estimated_cost,
     measured_saving,
+    model_cost,
     module_cost,
 )
 from mbridge_perf.advise.ladder import (
@@ -120,6 +121,8 @@ def _try(lad: _Ladder, on: int | None, changes: dict[str, Any]) -> tuple[_Priced
 def _add(lad: _Ladder, on: int | None, priced: _Priced, *, rung: Any, action: str,
          changes: dict[str, Any], cost: ThroughputCost, rationale: str, skill: str) -> None:
     prev = lad.at(on)
+    if cost.basis == "estimate":
+        cost = model_cost(prev.cfg, priced.cfg, cost, lad.gpu)
     verdict, term = _judge(lad, priced)
     lad.steps.append(RecomputeStep(
         index=len(lad.steps), rung=rung, action=action, config_changes=changes,

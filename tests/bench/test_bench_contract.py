@@ -141,6 +141,38 @@ def test_profile_wiring_outside_the_allowlist_still_tells_runs_apart() -> None:
     assert contract({"NCCL_ALGO": "Ring"}).job.env_sha256 is None
 
 
+def test_a_recipe_run_freezes_the_recipes_graphs_with_the_configs_values_over_them(
+        tmp_path) -> None:
+    """Issue 23: the contract said no graphs where the recipe run_recipe.py trains graphs
+    [moe_router, moe_preprocess]. Through the CLI process: the contract is the recipe with the
+    config's values over it, as the job trains it; a recipe not shipped here stays as given."""
+    import json
+    import subprocess
+
+    from helpers import tool, tool_env
+
+    (tmp_path / "eos.yaml").write_text("executor: slurm\npartition: batch\ngpus_per_node: 8\n")
+    recipe = "qwen3_235b_a22b_pretrain_256gpu_h100_bf16_hybridep_dev_config"
+
+    def contract(*args: str) -> dict:
+        p = subprocess.run([tool("mbridge-perf"), "bench", "submit", "--profile", "eos",
+                            "--json", *args], capture_output=True, text=True, timeout=120,
+                           cwd=tmp_path, env=tool_env(MBRIDGE_PERF_PROFILES=str(tmp_path)))
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["contract"]
+
+    c = contract("--recipe", recipe)
+    assert c["cuda_graphs"]["impl"] == "transformer_engine"
+    assert c["cuda_graphs"]["modules"] == ["moe_router", "moe_preprocess"]
+    assert c["dispatcher"] == {"type": "flex", "backend": "hybridep"}
+    assert (c["layout"]["tp"], c["layout"]["pp"], c["layout"]["ep"]) == (2, 8, 32)
+    off = contract("--recipe", recipe, "--set", "model.cuda_graph_impl=none",
+                   "--set", "model.tensor_model_parallel_size=4")
+    assert off["cuda_graphs"]["impl"] == "none" and off["layout"]["tp"] == 4
+    mine = contract("--recipe", "my_site_recipe_config")
+    assert mine["cuda_graphs"]["impl"] == "none"  # not shipped: the config as given
+
+
 def test_bad_inputs_are_named() -> None:
     with pytest.raises(ValueError, match=r"unknown version key.*bridge_sha"):
         moe(versions={"bridge_sha": "abc"})

@@ -103,6 +103,17 @@ def _flatten(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
 def config_overrides(cfg: TrainingConfig, steps: int) -> list[str]:
     """`section.field=value` for every field the config sets (modelled or carried), then the
     fields a benchmark needs."""
+    pairs = dict(kv for name, value in given_values(cfg).items() for kv in _flatten(name, value))
+    pairs.pop("train.train_iters", None)
+    pairs["train.train_iters"] = steps
+    pairs.setdefault("logger.log_interval", 1)
+    pairs.setdefault("logger.log_throughput", True)
+    return [f"{key}={hydra_value(value)}" for key, value in pairs.items()]
+
+
+def given_values(cfg: TrainingConfig) -> dict[str, Any]:
+    """The sections and fields the config sets (modelled or carried): what run_recipe.py lays
+    over its recipe."""
     given: dict[str, Any] = {}
     for name in _SECTIONS:
         section = getattr(cfg, name)
@@ -116,12 +127,7 @@ def config_overrides(cfg: TrainingConfig, steps: int) -> list[str]:
             given[name] = values
     for name, value in cfg.carried().items():  # dataset, logger, checkpoint, …
         given[name] = value
-    pairs = dict(kv for name, value in given.items() for kv in _flatten(name, value))
-    pairs.pop("train.train_iters", None)
-    pairs["train.train_iters"] = steps
-    pairs.setdefault("logger.log_interval", 1)
-    pairs.setdefault("logger.log_throughput", True)
-    return [f"{key}={hydra_value(value)}" for key, value in pairs.items()]
+    return given
 
 
 # ---------------------------------------------------------------- environment

@@ -26,7 +26,7 @@ from mbridge_perf.bench.contract import (
 )
 from mbridge_perf.bench.envpolicy import EnvPolicyError, check_env, refusal
 from mbridge_perf.bench.executors import cancel_run, refresh_run, submit_run
-from mbridge_perf.bench.launch import VERSIONS_PREFIX, job_env, render_script
+from mbridge_perf.bench.launch import VERSIONS_PREFIX, given_values, job_env, render_script
 from mbridge_perf.bench.logparse import parse_iteration_line, parse_log, read_tail
 from mbridge_perf.bench.predicted import predicted_change
 from mbridge_perf.bench.profile import ClusterProfile, ProfileError, builtin_profiles, load_profile
@@ -101,9 +101,30 @@ def _steps(cfg: TrainingConfig, steps: int | None, window: tuple[int, int]) -> i
     return n
 
 
+def as_run(cfg: TrainingConfig, profile: ClusterProfile, recipe: str | None
+           ) -> TrainingConfig:
+    """The config the job trains. Under run_recipe.py that is the recipe with the config's
+    values laid over it (what the launcher renders), so a contract frozen from the config alone
+    would record the defaults where the recipe sets graphs, layouts or precision; a recipe this
+    package does not ship is taken as the config describes it."""
+    if not recipe or profile.launcher != "bridge-run-recipe":
+        return cfg
+    from mbridge_perf.config.load import load_config
+    from mbridge_perf.config.recipes import list_recipes
+
+    if recipe not in {r.name for r in list_recipes()}:
+        return cfg
+    try:
+        run = load_config(recipe=recipe, data=given_values(cfg))
+    except ValueError as exc:
+        raise BenchError(f"recipe: the config's values over recipe {recipe}: {exc}") from None
+    return run.model_copy(update={"env": cfg.env, "cluster": cfg.cluster})
+
+
 def _contract(cfg: TrainingConfig, profile: ClusterProfile, window: tuple[int, int],
-              label: str | None, versions: Mapping[str, str] | None, steps: int
-              ) -> MeasurementContract:
+              label: str | None, versions: Mapping[str, str] | None, steps: int,
+              recipe: str | None = None) -> MeasurementContract:
+    cfg = as_run(cfg, profile, recipe)
     sized = cfg.model_copy(update={"train": cfg.train.model_copy(update={"train_iters": steps}),
                                    "env": job_env(cfg, profile)})
     setup = "\n".join(profile.setup)
@@ -145,7 +166,7 @@ def submit(cfg: TrainingConfig, profile: ClusterProfile, *, registry: Registry |
         raise BenchError(f"config: validate_config finds errors, the job would not start: "
                          f"{errs}")
     n = _steps(cfg, steps, window)
-    contract = _contract(cfg, profile, window, label, versions, n)
+    contract = _contract(cfg, profile, window, label, versions, n, recipe)
     if dry_run:
         try:
             script = render_script(cfg, profile, run_id="DRY-RUN", log_path="<run-dir>/train.log",

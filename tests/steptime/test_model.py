@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from mbridge_perf.advise.changes import apply_changes
 from mbridge_perf.config.gpus import lookup_gpu
 from mbridge_perf.config.load import load_config
 from mbridge_perf.steptime import Calibration, GenParams, estimate_step_time, load_calibration
@@ -78,6 +79,21 @@ def test_ring_collective_is_2_n_minus_1_over_n_bytes_over_bandwidth() -> None:
     act = SEQ * H * ACT_BYTES
     one_all_reduce = 2 * (tp - 1) / tp * act / bw
     assert term(rep, "exposed comm: TP") == pytest.approx(4 * one_all_reduce, rel=1e-9)
+
+
+def test_tp_exposure_follows_tp_comm_overlap() -> None:
+    """Without comm_overlap.tp_comm_overlap the collectives sit between the GEMMs (exposed
+    share tp_exposed_no_overlap); with it, TE pipelines them (tp_exposed)."""
+    tp = 4
+    cal = plain(tp_exposed=0.25, tp_exposed_no_overlap=1.0)
+    bw = 450e9 * cal.nvlink_eff
+    full = 4 * 2 * (tp - 1) / tp * SEQ * H * ACT_BYTES / bw
+    off = estimate_step_time(gpt(tp=tp, gpus=tp), calibration=cal)
+    on = estimate_step_time(apply_changes(gpt(tp=tp, gpus=tp),
+                                          {"comm_overlap.tp_comm_overlap": True}),
+                            calibration=cal)
+    assert term(off, "exposed comm: TP") == pytest.approx(full, rel=1e-9)
+    assert term(on, "exposed comm: TP") == pytest.approx(0.25 * full, rel=1e-9)
 
 
 def test_past_the_nvlink_domain_the_network_is_used() -> None:

@@ -7,7 +7,7 @@ section that changes keeps a recommendation in milliseconds. The values come fro
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.model import TrainingConfig
@@ -24,6 +24,9 @@ def apply_changes(cfg: TrainingConfig, changes: dict[str, Any]) -> TrainingConfi
     update: dict[str, Any] = {}
     for section, values in by_section.items():
         current = getattr(cfg, section)
+        if current is None:  # an optional section the config left out: start from its defaults
+            ann = type(cfg).model_fields[section].annotation
+            current = next(a for a in get_args(ann) if a is not type(None))()
         if isinstance(current, dict):
             update[section] = {**current, **{k: str(v) for k, v in values.items()}}
         else:

@@ -108,24 +108,38 @@ USER_ENV = "MBRIDGE_PERF_CALIBRATION"
 def user_calibration_path() -> Path:
     """Where ``mbridge-perf calibrate`` writes the user's own calibration: $MBRIDGE_PERF_
     CALIBRATION, else the user's config directory (never a tool argument)."""
-    env = os.environ.get(USER_ENV)
+    return Path(_user_path(os.environ.get(USER_ENV), os.environ.get("XDG_CONFIG_HOME"),
+                           os.environ.get("HOME")))
+
+
+@cache
+def _user_path(env: str | None, xdg: str | None, home: str | None) -> str:
     if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "mbridge-perf" / "calibration.json"
+        return str(Path(env).expanduser())
+    base = xdg or str(Path(home).expanduser() if home else Path.home()) + "/.config"
+    return str(Path(base) / "mbridge-perf" / "calibration.json")
 
 
 def load_calibration(path: str | None = None) -> Calibration:
     """The calibration at ``path``; else the user's own (``mbridge-perf calibrate``) where it
-    exists; else the shipped file; the seed when none exists. Re-read when the file changes."""
-    p = Path(path) if path else user_calibration_path()
-    if not path and not p.is_file():
-        p = CALIBRATION_FILE
+    exists; else the shipped file; the seed when none exists. Re-read when the file changes.
+    Called on every estimate: one stat, the path resolution cached."""
+    p = path or _user_path(os.environ.get(USER_ENV), os.environ.get("XDG_CONFIG_HOME"),
+                           os.environ.get("HOME"))
     try:
-        stamp = p.stat().st_mtime_ns
+        stamp = os.stat(p).st_mtime_ns
     except OSError:
-        return SEED
-    return _read(str(p), stamp)
+        if path:
+            return SEED
+        p = _SHIPPED
+        try:
+            stamp = os.stat(p).st_mtime_ns
+        except OSError:
+            return SEED
+    return _read(p, stamp)
+
+
+_SHIPPED = str(CALIBRATION_FILE)
 
 
 @cache

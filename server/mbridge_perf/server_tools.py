@@ -234,14 +234,17 @@ def plan_parallelism(
     """Every valid parallel layout (TP, PP, VPP with uneven splits as Bridge writes them,
     CP, EP, ETP, DP, EDP, MBS) of a model on num_gpus GPUs, with Parallel Folding
     (TP·CP·DP·PP = N, ETP·EP·EDP·PP = N) and the divisibility rules, priced per pipeline
-    stage by estimate_memory with the config's recompute / offload, and ranked the way the
-    skills and Bridge's tuned MoE recipes rank: fits with headroom, CP no larger than
-    seq_length / 4096, smallest TP, EP before ETP, the experts' all-to-all inside the fewest
-    NVLink domains, most DP, CP nearest seq_length / 4096, fewest pipeline stages and
-    bubbles. min_gpus = PP·lcm(TP·CP, EP·ETP) is reported per layout.
+    stage by estimate_memory with the config's recompute / offload, and ranked by predicted
+    tokens/s/GPU (estimate_step_time; layouts within the model's pair band are a tie, listed
+    in tied_with) and, within a tie, the way the skills and Bridge's tuned MoE recipes rank:
+    fits with headroom, CP no larger than seq_length / 4096, smallest TP, EP before ETP, the
+    experts' all-to-all inside the fewest NVLink domains, most DP, CP nearest
+    seq_length / 4096, fewest pipeline stages and bubbles. min_gpus = PP·lcm(TP·CP, EP·ETP)
+    is reported per layout; a tied #1 comes with an A/B suggestion in notes.
     Says when a layout fits only with a selective-recompute module or optimizer offload
     (never full recompute at long context). Returns layouts (sizes, both meshes, per-stage
-    peaks, headroom, micro-batches, bubble fraction, config_changes, reasons), the
+    peaks, headroom, micro-batches, bubble fraction, predicted step time and tokens/s/GPU,
+    config_changes, reasons), the
     long-context skill's published layout for the case when one applies (priced, its rank
     and what ranks above it), rejected families with the rule or memory number, counts and
     answer_markdown. Pure arithmetic, needs no GPU."""

@@ -35,6 +35,13 @@ leading a line ("core_attn: ~0") is not an invented key; inline step numbers (".
 split sentences; a table row whose verdict cell opens with "no" / "✗" is rejected; "X and Y in
 the same run" / "credit the gain to both" as a multi-variable A/B; "only layer 0 is recomputed"
 as the uniform-first-layer claim.
+Blind checks on our own answers: 19 answers written and graded before any fix for them agreed
+13/19 (five fixed above; one "good" long-context answer out of the order SKILL.md requires was
+failed by the order check, which we judged right, and dropped). A last batch of 8
+(blind-*.md) agreed 8/8 on the label, but two bad ones failed for a side reason, so two more
+capabilities followed: lines led by a mark (check, cross, warning, bullet) are list items that
+keep the mark; "graphs ...: selective is incompatible" and layer offloading before any
+recompute / optimizer offload (first_among) as the cards' claims.
 After those the measured half reads 24/24; it is therefore no longer an unseen-data figure in
 the strict sense: the grader's capabilities, not its phrasings, were steered by it.
 """

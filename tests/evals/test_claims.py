@@ -339,3 +339,33 @@ def test_a_rejecting_verdict_cell_negates_its_table_row() -> None:
     assert recommended(rows, "layernorm")
     # the first cell is the lever's name, not a verdict
     assert recommended(parse_answer("| no-op recompute? | use layernorm |").units, "layernorm")
+
+
+def test_mark_led_lines_are_list_items_and_keep_their_mark() -> None:
+    units = parse_answer("✅ Set `expandable_segments:True`.\n❌ Raise TP 4→8.\n"
+                         "⚠️ With TE graphs, full recompute needs full_iteration.").units
+    assert [u.text[:2] for u in units] == ["✅ ", "❌ ", "⚠️"]
+    from mbridge_perf.evals.matching import recommended
+    assert not recommended(units, "TP=8")
+
+
+def test_selective_blamed_for_graphs_named_before_it() -> None:
+    assert "selective-vs-te-graphs-flipped" in found(
+        RECOMPUTE, "With TE-scoped CUDA graphs on, selective recompute conflicts with them.")
+
+
+def test_layer_offload_before_any_recompute_is_a_wrong_first_memory_step() -> None:
+    text = ("| order | change |\n|---|---|\n| 1 | CP = 131072 / 4096 = 32 |\n"
+            "| 2 | `cpu_offloading=True` for 4 layers, before any recompute |\n"
+            "| 3 | selective recompute of `moe_act` |\n")
+    assert "cpu-offload-first" in found(LONG, text)
+    ok = text.replace("| 2 |", "| 9 |").replace("| 3 |", "| 2 |")
+    ok = "\n".join(sorted(ok.splitlines()[2:], key=lambda r: r.split("|")[1])) + "\n"
+    assert "cpu-offload-first" not in found(LONG, "| order | change |\n|---|---|\n" + ok)
+
+
+def test_a_claim_deep_in_a_long_unit_is_quoted_where_it_stands() -> None:
+    text = "Set expandable_segments:True first, " + "then measure again, " * 20 + (
+        "and note that uniform with recompute_num_layers=1 recomputes only the first layer.")
+    grade = skill_grade(RECOMPUTE, text)
+    assert any("recomputes only the first layer" in f for f in failed(grade)), failed(grade)

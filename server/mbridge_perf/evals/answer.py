@@ -21,6 +21,9 @@ _HEADING = re.compile(r"^(#{1,6})\s+(.*)$")
 _FENCE = re.compile(r"^\s*(```|~~~)\s*([A-Za-z0-9_-]*)")
 _LIST = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
 _ORDERED = re.compile(r"^\s*\d+[.)]\s")
+# A line led by a bullet symbol or a check / cross / warning mark is a list item too; the mark
+# stays in its text (a cross is a rejection: "❌ raise TP").
+_MARK = re.compile(r"^\s*[•▪▸►✅✔✓☑❌✗✘⚠🚫]")
 # A sentence ends at . ! ? — also before closing emphasis or code ("**Step one.** Then") and
 # before an inline step number ("... contract. 2) fit ...").
 _SENTENCE = re.compile(r"(?<=[.!?])(?:\*\*|__|[*_`]){0,2}\s+(?=[A-Za-z(`*\"']|\d{1,2}\) )")
@@ -218,7 +221,8 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
             neg, late = heading_flags(h.group(2))
             st["list_neg"] = False
             continue
-        if not line.strip() or _LIST.match(line) or line.lstrip().startswith("|"):
+        if (not line.strip() or _LIST.match(line) or _MARK.match(line)
+                or line.lstrip().startswith("|")):
             flush()
         if line.lstrip().startswith("|"):
             if not set(line.strip()) <= set("|-: "):
@@ -226,7 +230,8 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
             continue
         if line.strip():
             if not para:
-                st["item"], st["ordered"] = bool(_LIST.match(line)), bool(_ORDERED.match(line))
+                st["item"] = bool(_LIST.match(line) or _MARK.match(line))
+                st["ordered"] = bool(_ORDERED.match(line))
             para.append(_LIST.sub("", line, count=1).strip() if _LIST.match(line) else line)
     flush()
     if fence is not None:

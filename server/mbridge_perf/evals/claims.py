@@ -98,13 +98,24 @@ class Misconception:
 class Finding:
     misconception: Misconception
     unit: Unit | None      # None: an omission (nothing in the answer says it)
+    at: int = 0            # where in the unit's normalised text the claim starts
 
     @property
     def evidence(self) -> str:
         m = self.misconception
         if self.unit is None:
             return f"asserts '{m.claim}' by leaving it out — wrong: {m.wrong_because}"
-        return f"asserts '{m.claim}' in: {clip(self.unit.text, 200)} — wrong: {m.wrong_because}"
+        return f"asserts '{m.claim}' in: {self.quote} — wrong: {m.wrong_because}"
+
+    @property
+    def quote(self) -> str:
+        """The unit as written; in a long unit, the normalised clause around the claim."""
+        u = self.unit
+        assert u is not None
+        if len(u.text) <= 200:
+            return clip(u.text, 200)
+        lo = max(0, self.at - 80)
+        return ("…" if lo else "") + clip(u.norm[lo:lo + 200], 200).rstrip("…") + "…"
 
 
 @dataclass(frozen=True)
@@ -223,7 +234,7 @@ def find_misconceptions(card: dict[str, Any], units: list[Unit],
             elif m.first and not (_first_cue(u) or (
                     u is first_unit and _anchor(m, u) <= first_pos)):
                 continue
-            out.append(Finding(m, u))
+            out.append(Finding(m, u, _anchor(m, u)))
             break
         else:
             pair = _across(m, units)

@@ -135,10 +135,12 @@ def worst_time(pattern: re.Pattern[str], anchored: bool, size: int) -> tuple[flo
 
 
 # patterns only ever .match()ed at a bounded number of candidate positions (oom headers, the
-# last torchrun summary, the tokens of a short expression or a JSON path)
+# last torchrun summary, the tokens of a short expression or a JSON path, the start of a short
+# lead-in paragraph)
 ANCHORED = {"mbridge_perf.advise.oom": {"CURRENT", "LEGACY"},
             "mbridge_perf.bench.executors": {"_ROOT_CAUSE"},
-            "mbridge_perf.evals.claims": {"_TOKEN"}, "mbridge_perf.evals.jsonpath": {"_TOKEN"}}
+            "mbridge_perf.evals.claims": {"_TOKEN"}, "mbridge_perf.evals.jsonpath": {"_TOKEN"},
+            "mbridge_perf.evals.text": {"_NEG_INTRO"}}
 
 
 def package_patterns() -> list[tuple[str, re.Pattern[str], bool]]:

@@ -26,7 +26,7 @@ _ORDERED = re.compile(r"^\s*\d+[.)]\s")
 _MARK = re.compile(r"^\s*[•▪▸►✅✔✓☑❌✗✘⚠🚫]")
 # A sentence ends at . ! ? — also before closing emphasis or code ("**Step one.** Then") and
 # before an inline step number ("... contract. 2) fit ...").
-_SENTENCE = re.compile(r"(?<=[.!?])(?:\*\*|__|[*_`]){0,2}\s+(?=[A-Za-z(`*\"']|\d{1,2}\) )")
+_SENTENCE = re.compile(r"(?<=[.!?])[*_`]{0,2}\s+(?=[A-Za-z(`*\"']|\d{1,2}\) )")
 # Sentence ends that are not: abbreviations before a lower-case word ("e.g. fused", "vs. 8").
 _ABBREV = re.compile(r"(?:\b(?:e\.g|i\.e|vs|etc|approx|cf|incl|resp|no|fig|eq|ca)\.|\b[A-Za-z]\.)$")
 

@@ -424,17 +424,18 @@ def heading_flags(heading: str) -> tuple[bool, bool]:
 
 # A lead-in paragraph that ends in a colon and rejects what it introduces ("Things I would not
 # do:", "Avoid these:", "What not to do:"): the list after it is negated like a heading's.
+# Only ever .match()ed at the start of a paragraph of at most 160 characters.
 _NEG_INTRO = re.compile(
-    r"^(?:avoid|do not|never|not recommended|rejected|what not to do|pitfalls|mistakes|wrong|"
-    r"dead ends|do not bother)\b|\b(?:would|should|will|do|did) not (?:do|try|use|recommend|touch|"
-    r"bother)\b|\bnot to do\b|\b(?:things|levers|options|steps) to avoid\b")
+    r"(?:avoid|do not|never|not recommended|rejected|what not to do|pitfalls|mistakes|wrong|"
+    r"dead ends)\b|.{0,160}?(?:\b(?:would|should|will|do|did) not (?:do|try|use|recommend|"
+    r"touch|bother)\b|\bnot to do\b|\b(?:things|levers|options|steps) to avoid\b)")
 
 
 def negated_intro(paragraph: str) -> bool:
     """A short paragraph ending in ':' that rejects the list it introduces."""
     text = paragraph.strip()
     return (text.endswith(":") and len(text) <= 160
-            and bool(_NEG_INTRO.search(normalise(text))))
+            and bool(_NEG_INTRO.match(normalise(text))))
 
 
 _UNIT_LATE = re.compile(

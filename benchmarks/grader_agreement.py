@@ -41,7 +41,9 @@ failed by the order check, which we judged right, and dropped). A last batch of 
 (blind-*.md) agreed 8/8 on the label, but two bad ones failed for a side reason, so two more
 capabilities followed: lines led by a mark (check, cross, warning, bullet) are list items that
 keep the mark; "graphs ...: selective is incompatible" and layer offloading before any
-recompute / optimizer offload (first_among) as the cards' claims.
+recompute / optimizer offload (first_among) as the cards' claims. A third blind batch of 6
+(blind2-*.md) agreed 6/6 on the label; one bad answer failed only on card order, so nested list
+items now share their parent step's block and "attention activations" names core_attn.
 After those the measured half reads 24/24; it is therefore no longer an unseen-data figure in
 the strict sense: the grader's capabilities, not its phrasings, were steered by it.
 """

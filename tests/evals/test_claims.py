@@ -369,3 +369,12 @@ def test_a_claim_deep_in_a_long_unit_is_quoted_where_it_stands() -> None:
         "and note that uniform with recompute_num_layers=1 recomputes only the first layer.")
     grade = skill_grade(RECOMPUTE, text)
     assert any("recomputes only the first layer" in f for f in failed(grade)), failed(grade)
+
+
+def test_nested_items_belong_to_their_parent_step() -> None:
+    units = parse_answer("1. **Selective.**\n   - `recompute_modules=[core_attn]`\n"
+                         "   - it frees several GB\n2. Full\n\nProse.\n").units
+    assert [u.block for u in units][:3] == [units[0].block] * 3
+    assert units[3].block != units[0].block and units[4].block != units[3].block
+    assert "core-attn-big-saver" in found(MEMORY, "- Recompute core_attn.\n"
+                                                  "  - With flash attention it frees 6 GB.\n")

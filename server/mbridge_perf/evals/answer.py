@@ -180,7 +180,7 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
 
     # the paragraph / list item number; whether it is a list item, an ordered one; whether a
     # negated lead-in ("Things I would not do:") governs the list items that follow it
-    st = {"block": 0, "item": False, "ordered": False, "list_neg": False}
+    st = {"block": 0, "item": False, "ordered": False, "list_neg": False, "parent": -1}
 
     def add(piece: str, lead: bool = False) -> None:
         for chunk in _bounded(piece.strip()):
@@ -224,6 +224,12 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
         if (not line.strip() or _LIST.match(line) or _MARK.match(line)
                 or line.lstrip().startswith("|")):
             flush()
+            if _LIST.match(line) and line[:2].isspace() and st["parent"] >= 0:
+                st["block"] = st["parent"]      # a nested item belongs to its parent's block
+            elif _LIST.match(line) or _MARK.match(line):
+                st["parent"] = st["block"]
+            elif line.strip():
+                st["parent"] = -1
         if line.lstrip().startswith("|"):
             if not set(line.strip()) <= set("|-: "):
                 add(line)

@@ -87,8 +87,8 @@ def regex_times() -> None:
         else:
             rows.append((name, *worst_time(p, a, 2_000_000)))
     rows.sort(key=lambda r: -r[1])
-    print(f"\nRegular expressions on adversarial 2 MB inputs ({len(rows)} patterns; goal < 0.5 s "
-          "each), slowest first:")
+    print(f"\nRegular expressions on adversarial 2 MB inputs ({len(rows)} patterns; CPU time; "
+          "goal < 0.5 s each), slowest first:")
     for name, seconds, shape in rows[:15]:
         print(f"  {seconds:7.3f} s  {name}  {shape}")
 

@@ -37,8 +37,9 @@ log = logging.getLogger("mbridge_perf.server")
 
 INSTRUCTIONS = (
     "Megatron Bridge / Megatron-Core training-performance tools and skills. Pass the user's "
-    "training config as they have it (a Bridge config mapping or YAML, a preset name, dotted "
-    "overrides, perf-harness flags). validate_config checks it against Megatron's constraints "
+    "training config as they have it (a Bridge config mapping or YAML, a Megatron Bridge "
+    "recipe name (resource mbridge-perf://recipes), a preset name, dotted overrides, "
+    "perf-harness flags). validate_config checks it against Megatron's constraints "
     "before a launch. Read skill://<name>/SKILL.md for the checklist that fits the question "
     "(GPU OOM and memory, activation recompute, long-context MoE, MoE optimisation workflow)."
 )

@@ -30,10 +30,10 @@ class Sample(Protocol):
 # (path, seed) of every fitted parameter; generation fields as "gen.<arch>.<field>"
 FITTED = ("gen.hopper.gemm_eff_fp8", "gen.blackwell.gemm_eff_fp8", "gen.blackwell.gemm_eff_fp4",
           "gen.blackwell_ultra.gemm_eff_fp8", "gen.blackwell_ultra.gemm_eff_fp4",
-          "grouped_gemm_factor", "ssm_eff", "ep_exposed", "tp_exposed", "cp_exposed",
+          "grouped_gemm_factor", "ssm_eff", "ep_exposed", "cp_exposed",
           "layer_overhead_us")
 BOUNDS = {"grouped_gemm_factor": (0.1, 1.5), "ep_exposed": (0.0, 1.0), "ssm_eff": (0.002, 1.0),
-          "tp_exposed": (0.0, 1.0), "cp_exposed": (0.0, 1.0),
+          "cp_exposed": (0.0, 1.0),
           "layer_overhead_us": (0.0, 5000.0)}
 
 
@@ -71,8 +71,6 @@ def relevant(name: str, rows: list[Sample]) -> bool:
         return any(generation(r.spec) == arch and _prec(r) == prec for r in rows)
     if name in ("grouped_gemm_factor", "ep_exposed"):
         return any(r.derived.is_moe for r in rows)
-    if name == "tp_exposed":
-        return any(r.derived.tp > 1 for r in rows)
     if name == "cp_exposed":
         return any(r.derived.cp > 1 for r in rows)
     if name == "ssm_eff":

@@ -71,8 +71,9 @@ def test_calibrate_refits_on_the_users_runs_and_the_tools_read_the_file(
     assert len(res.runs) == len(_h100_runs()) == 5 and res.written
     assert len(res.skipped) == 2 and any("no config" in s for s in res.skipped)
     assert any("num_layers" in s for s in res.skipped)
-    assert "gen.hopper.gemm_eff_fp8" in res.fitted  # H100 FP8 runs: Hopper's FP8 efficiency
-    assert not any(n.startswith("gen.blackwell") for n in res.fitted)  # nothing measured there
+    # few runs: only Hopper's FP8 GEMM efficiency and the per-layer overhead may move (H100 FP8
+    # runs; nothing was measured on Blackwell)
+    assert res.fitted and set(res.fitted) <= {"gen.hopper.gemm_eff_fp8", "layer_overhead_us"}
     assert res.after_median_error_pct < res.before_median_error_pct
     saved = json.loads(out.read_text("utf-8"))
     assert len(saved["rows"]) == 5 and "mbridge-perf calibrate on 5" in saved["source"]

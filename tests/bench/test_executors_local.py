@@ -129,6 +129,33 @@ def test_cancel_stops_the_whole_process_tree(reg: Registry, tmp_path: Path) -> N
     assert refresh_run(reg, run.id).state == "cancelled"  # a late poll keeps it
 
 
+def test_cancel_also_stops_a_worker_that_left_the_process_tree(
+        reg: Registry, tmp_path: Path) -> None:
+    """The fake torchrun starts its worker through a helper that exits at once, so the worker
+    is not below the job's bash when cancel lists the tree (as a worker spawned after the
+    listing, or orphaned when torchrun dies first: a cancel right after submit left two cpu_gpt
+    workers training for an hour). The run's MBRIDGE_PERF_RUN_ID in its environment finds it."""
+    worker = tmp_path / "worker.py"
+    worker.write_text("import time\nprint('WORKER' + '-UP', flush=True)\ntime.sleep(120)\n")
+    spawner = tmp_path / "spawner.py"
+    spawner.write_text(f"import subprocess, sys\nsubprocess.Popen([sys.executable, "
+                       f"{str(worker)!r}], start_new_session=True)\n")
+    prof = fake_profile(tmp_path, f"import subprocess, sys, time; subprocess.run("
+                                  f"[sys.executable, {str(spawner)!r}]); time.sleep(120)")
+    run = submit_run(reg, load_config(data={}), prof, recipe="r")
+    deadline = time.monotonic() + 30
+    while "WORKER-UP" not in Path(run.log_path or "").read_text() and \
+            time.monotonic() < deadline:
+        time.sleep(0.1)
+    from mbridge_perf.bench.executors import _tagged
+
+    pid = int(run.external_id or 0)
+    orphans = [p for p in _tagged(run.id) if p not in [pid, *_children_of(pid)]]
+    assert orphans, "the worker should have left the job's tree"
+    assert cancel_run(reg, run.id).state == "cancelled"
+    assert not [p for p in orphans if _alive(p)]
+
+
 def test_cancel_refuses_what_the_registry_did_not_start(reg: Registry) -> None:
     with pytest.raises(CancelRefused, match="not started through the registry"):
         LocalExecutor().cancel(str(os.getpid()), reg)

@@ -148,6 +148,25 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _tagged(run_id: str) -> list[int]:
+    """Every live process of ours whose environment carries this run's MBRIDGE_PERF_RUN_ID
+    (set on the job's bash, inherited by torchrun and its workers): finds a worker that was
+    spawned after the process tree was listed, or orphaned when torchrun died first."""
+    tag = f"MBRIDGE_PERF_RUN_ID={run_id}".encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read(1 << 20)
+        except OSError:
+            continue
+        if tag in env.split(b"\0"):
+            out.append(int(entry))
+    return out
+
+
 @dataclass
 class LocalExecutor:
     """Runs the script with bash on this machine, detached from the caller."""
@@ -222,7 +241,7 @@ class LocalExecutor:
         pid = int(external_id)
         if not _proc_alive(pid) or not self._ours(pid, run):
             return self.status(run)
-        victims = [pid, *_descendants(pid)]
+        victims = list(dict.fromkeys([pid, *_descendants(pid), *_tagged(run.id)]))
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
         for v in victims[1:]:  # workers in their own sessions
@@ -233,7 +252,7 @@ class LocalExecutor:
             if pid in _children:
                 _children[pid].poll()
             time.sleep(0.1)
-        for v in victims:
+        for v in dict.fromkeys([*victims, *_tagged(run.id)]):  # and any spawned meanwhile
             if _proc_alive(v):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(v, signal.SIGKILL)

@@ -25,7 +25,7 @@ _SIZE_TOK = SIZE_TOKENS
 _SIZE_VALUE = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK}) ?(?:=|:|of|to|is|at|from|size)?"
                          r" ?(\d{1,9})(?!\d|\.\d)")
 _SIZE_ARROW = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK})=(\d+)\s*(?:->|→|to)\s*(\d+)")
-_FLAG_VALUE = re.compile(r"(--?[a-z][a-z0-9_\-]{0,63})\s{1,8}(\d{1,12}|true|false)\b")
+_FLAG_VALUE = re.compile(r"(?<![\w\-])(--?[a-z][a-z0-9_\-]{0,63})\s{1,8}(\d{1,12}|true|false)\b")
 _DROP = re.compile(r"[`*\"'“”‘’]")
 _SPACE = re.compile(r"\s+")
 # Numbers with units: "28 %", "28 percent", "−28 pct" -> "28%"; unicode minus and dashes -> "-".

@@ -38,7 +38,7 @@ from mbridge_perf.memory.estimate import estimate_memory
 from mbridge_perf.steptime import Calibration
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from fit_steptime import SHARED, bridge_rows, family, fit
+from fit_steptime import SHARED, bridge_rows, family, fold_calibrations
 
 NAME = re.compile(r"_(?:pretrain|sft)_(\d+)gpu_([a-z0-9]+)_")
 TOP = 50
@@ -80,9 +80,7 @@ def frozen_names(data: Path = SHARED) -> list[str]:
 def held_out_calibrations() -> dict[str, Calibration]:
     """Family -> the step-time calibration fitted without that family's rows (k-fold by
     family, as the accuracy benchmark does), so each recipe is ranked out of sample."""
-    rows, _ = bridge_rows()
-    return {fam: fit([r for r in rows if r.family != fam]) for fam in sorted({r.family
-                                                                              for r in rows})}
+    return fold_calibrations(bridge_rows()[0])
 
 
 def plan_of(cfg: TrainingConfig, n: int, gpu: str, cal: Calibration | None = None,

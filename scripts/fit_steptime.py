@@ -104,17 +104,17 @@ def bridge_rows(data: Path = SHARED) -> tuple[list[Row], dict[str, int]]:
     return rows, skipped
 
 
+def fold_calibrations(rows: list[Row]) -> dict[str, Calibration]:
+    """Family -> the calibration fitted on every other family's rows (k-fold by family)."""
+    return {fam: fit([r for r in rows if r.family != fam])
+            for fam in sorted({r.family for r in rows})}
+
+
 def cross_validate(rows: list[Row]) -> dict[str, float]:
     """recipe -> out-of-sample relative error of step time (fit on the other families)."""
-    out: dict[str, float] = {}
-    for fam in sorted({r.family for r in rows}):
-        train = [r for r in rows if r.family != fam]
-        cal = fit(train)
-        for r in rows:
-            if r.family == fam:
-                pred = predict_step_time_s(r.derived, gpu=r.spec, calibration=cal)
-                out[r.recipe] = pred / r.measured_s - 1
-    return out
+    folds = fold_calibrations(rows)
+    return {r.recipe: predict_step_time_s(r.derived, gpu=r.spec, calibration=folds[r.family])
+            / r.measured_s - 1 for r in rows}
 
 
 def quantile(xs: list[float], q: float) -> float:

@@ -238,9 +238,7 @@ def _why_below(prev: _Cand, cur: _Cand) -> str:
     """Why ``cur`` ranks below ``prev`` (a ``{}`` for prev's rank): predicted slower, or, in a
     tie or without predictions, the first rule-of-thumb key that differs."""
     p, q = prev.pred, cur.pred
-    if prev.tie < 0:
-        return _why_by_keys(prev, cur)
-    if p is None or q is None:
+    if prev.tie < 0 or p is None or q is None:
         return _why_by_keys(prev, cur)
     speeds = f"predicted {q.tokens_per_s_per_gpu:,.0f} vs {p.tokens_per_s_per_gpu:,.0f} " \
              f"tokens/s/GPU"
@@ -459,14 +457,14 @@ def _layout(c: _Cand, rank: int, prev: _Cand | None, nvlink: int, seq: int,
         headroom_gib=None if r.headroom_gib is None else round(r.headroom_gib, 2),
         fits_with_fragmentation=r.fits_with_fragmentation, config_changes=changes,
         overrides=as_overrides(changes), warnings=p.warnings,
-        reasons=reasons, **_predicted_fields(c))
+        reasons=reasons, **_predicted_fields(c.pred),
+        predicted_band_s=round(c.pred.band_s, 3) if c.pred else None)
 
 
-def _predicted_fields(c: _Cand) -> dict[str, Any]:
-    q = c.pred
+def _predicted_fields(q: Predicted | None) -> dict[str, Any]:
+    """A prediction as the result models carry it (layouts and the published one)."""
     return {"predicted_step_time_s": round(q.step_time_s, 3) if q else None,
-            "predicted_tokens_per_s_per_gpu": round(q.tokens_per_s_per_gpu, 1) if q else None,
-            "predicted_band_s": round(q.band_s, 3) if q else None}
+            "predicted_tokens_per_s_per_gpu": round(q.tokens_per_s_per_gpu, 1) if q else None}
 
 
 def _changes(c: _Cand) -> dict[str, Any]:
@@ -542,9 +540,7 @@ def _published(base: TrainingConfig, row: PublishedRow, cands: list[_Cand], top:
     return PublishedLayout(**head, fit=pub.fit, rank=rank,  # type: ignore[arg-type]
                            ranked_vpp=best.vpp,
                            **mem, reason=f"{_fit_words(pub)}; {why}",
-                           predicted_step_time_s=round(q.step_time_s, 3) if q else None,
-                           predicted_tokens_per_s_per_gpu=round(q.tokens_per_s_per_gpu, 1)
-                           if q else None)
+                           **_predicted_fields(q))
 
 
 def _traits(c: _Cand) -> str:

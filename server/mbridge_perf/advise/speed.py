@@ -71,8 +71,8 @@ def order_by_speed(preds: Sequence[Predicted | None], keys: Sequence[tuple],
 
     def close() -> None:
         run.sort(key=lambda i: keys[i])
+        groups.extend([len(order)] * len(run))  # a group's id: its first rank position
         order.extend(run)
-        groups.extend([len(set(groups)) if groups else 0] * len(run))
         run.clear()
 
     for i in idx:

@@ -23,7 +23,7 @@ from mbridge_perf.config.derived import Derived, derive
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.gpus import GPUSpec, lookup_gpu
 from mbridge_perf.config.load import load_config
-from mbridge_perf.steptime import Calibration, load_calibration, predict_step_time_s
+from mbridge_perf.steptime import load_calibration, predict_step_time_s
 from mbridge_perf.steptime.calibration import user_calibration_path
 from mbridge_perf.steptime.fit import FITTED, fit, get
 
@@ -91,9 +91,9 @@ def _sample(run: RunRecord) -> _Sample | str:
     return _Sample(run.id, derived, spec, measured)
 
 
-def _median_error(cal: Calibration, rows: list[_Sample]) -> float:
-    return statistics.median(abs(predict_step_time_s(r.derived, gpu=r.spec, calibration=cal)
-                                 / r.measured_s - 1) for r in rows) * 100.0
+def _median_error(ratios: list[float]) -> float:
+    """Median |predicted / measured - 1|, in percent."""
+    return statistics.median(abs(x - 1) for x in ratios) * 100.0
 
 
 def calibrate(registry: Registry | None = None, out: Path | None = None,
@@ -104,7 +104,10 @@ def calibrate(registry: Registry | None = None, out: Path | None = None,
     skipped: list[str] = []
     for run in reg.list(state="completed", limit=RUN_LIMIT):
         got = _sample(run)
-        (rows.append(got) if isinstance(got, _Sample) else skipped.append(f"{run.id}: {got}"))
+        if isinstance(got, _Sample):
+            rows.append(got)
+        else:
+            skipped.append(f"{run.id}: {got}")
     if len(rows) < MIN_RUNS:
         raise CalibrateError(f"runs: {len(rows)} usable completed run(s) in {reg.path}, "
                              f"{MIN_RUNS} needed - run benchmarks with submit_benchmark, judge "
@@ -124,10 +127,12 @@ def calibrate(registry: Registry | None = None, out: Path | None = None,
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(json.loads(after.model_dump_json()), indent=1,
                                    sort_keys=True) + "\n", "utf-8")
+    runs = [CalibratedRun(run_id=r.run_id, gpu=r.spec.name, measured_s=r.measured_s,
+                          before_s=predict_step_time_s(r.derived, gpu=r.spec, calibration=start),
+                          after_s=predict_step_time_s(r.derived, gpu=r.spec, calibration=after))
+            for r in rows]
     return CalibrationResult(
-        runs=[CalibratedRun(run_id=r.run_id, gpu=r.spec.name, measured_s=r.measured_s,
-                            before_s=predict_step_time_s(r.derived, gpu=r.spec, calibration=start),
-                            after_s=predict_step_time_s(r.derived, gpu=r.spec, calibration=after))
-              for r in rows],
-        skipped=skipped, fitted=moved, before_median_error_pct=_median_error(start, rows),
-        after_median_error_pct=_median_error(after, rows), path=str(path), written=write)
+        runs=runs, skipped=skipped, fitted=moved,
+        before_median_error_pct=_median_error([r.before_s / r.measured_s for r in runs]),
+        after_median_error_pct=_median_error([r.after_s / r.measured_s for r in runs]),
+        path=str(path), written=write)

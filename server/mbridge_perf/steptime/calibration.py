@@ -110,8 +110,12 @@ USER_ENV = "MBRIDGE_PERF_CALIBRATION"
 def user_calibration_path() -> Path:
     """Where ``mbridge-perf calibrate`` writes the user's own calibration: $MBRIDGE_PERF_
     CALIBRATION, else the user's config directory (never a tool argument)."""
-    return Path(_user_path(os.environ.get(USER_ENV), os.environ.get("XDG_CONFIG_HOME"),
-                           os.environ.get("HOME")))
+    return Path(_user())
+
+
+def _user() -> str:
+    return _user_path(os.environ.get(USER_ENV), os.environ.get("XDG_CONFIG_HOME"),
+                      os.environ.get("HOME"))
 
 
 @cache
@@ -126,8 +130,7 @@ def load_calibration(path: str | None = None) -> Calibration:
     """The calibration at ``path``; else the user's own (``mbridge-perf calibrate``) where it
     exists; else the shipped file; the seed when none exists. Re-read when the file changes.
     Called on every estimate: one stat, the path resolution cached."""
-    p = path or _user_path(os.environ.get(USER_ENV), os.environ.get("XDG_CONFIG_HOME"),
-                           os.environ.get("HOME"))
+    p = path or _user()
     try:
         stamp = os.stat(p).st_mtime_ns
     except OSError:

@@ -378,3 +378,40 @@ def test_nested_items_belong_to_their_parent_step() -> None:
     assert units[3].block != units[0].block and units[4].block != units[3].block
     assert "core-attn-big-saver" in found(MEMORY, "- Recompute core_attn.\n"
                                                   "  - With flash attention it frees 6 GB.\n")
+
+
+# ---- blind batch 1 (benchmarks/heldout): the four misjudged good answers, in new words
+
+
+@pytest.mark.parametrize(("text", "asserts"), [
+    # a Q&A question proposes nothing; its answer rejects the idea
+    ("Layout: TP=8, PP=2.\n\n**Q: Can I use cpu_offloading for the activations instead?"
+     "**\nA: It is refused at PP=2 (a ValueError).\n", False),
+    ("Layout: TP=8, PP=2.\n\nWould cpu_offloading help at this size?\n", False),
+    # the same advice stated, not asked, still asserts
+    ("Layout: TP=8, PP=2.\n\nEnable cpu_offloading for 6 layers.\n", True),
+])
+def test_a_question_asserts_nothing(text: str, asserts: bool) -> None:
+    assert ("cpu-offload-at-pp-gt-1" in found(RECOMPUTE, text)) is asserts
+
+
+@pytest.mark.parametrize(("text", "asserts"), [
+    ("Two numbers from the failing rank would show whether we face fragmentation or a real "
+     "capacity limit.", False),
+    ("If this turns out to be a genuine capacity problem, recompute comes next.", False),
+    ("Rank 5 alone ran out, so it is a genuine capacity problem, not fragmentation.", True),
+])
+def test_an_open_alternative_or_condition_asserts_neither_side(text: str, asserts: bool
+                                                               ) -> None:
+    assert ("fragmentation-ruled-out-blindly" in found(MEMORY, text)) is asserts
+
+
+@pytest.mark.parametrize(("text", "asserts"), [
+    ("**3. Only if selective still cannot fit in memory: full recompute plus a graph-scope "
+     "workaround**", False),
+    ("Selective recompute cannot fit, so use full recompute and keep the TE graphs.", False),
+    ("Selective recompute cannot be combined with TE-scoped CUDA graphs.", True),
+    ("Selective recompute breaks under the TE graph capture, so go full.", True),
+])
+def test_selective_graph_claim_needs_the_graphs_as_its_object(text: str, asserts: bool) -> None:
+    assert ("selective-vs-te-graphs-flipped" in found(RECOMPUTE, text)) is asserts

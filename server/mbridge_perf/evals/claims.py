@@ -39,7 +39,14 @@ from itertools import pairwise
 from typing import Any
 
 from mbridge_perf.evals.matching import recommended
-from mbridge_perf.evals.text import Unit, clip, is_negated, is_recommended
+from mbridge_perf.evals.text import (
+    Unit,
+    clip,
+    is_hypothetical,
+    is_negated,
+    is_question,
+    is_recommended,
+)
 
 _CORRECTION = re.compile(
     r"\b(?:myths?|misconceptions?|is wrong|are wrong|wrongly|not true|untrue|incorrect|false|"
@@ -165,8 +172,10 @@ def _omitted(m: Misconception, units: list[Unit]) -> bool:
 
 def _asserted_in(m: Misconception, u: Unit, body: str = "") -> bool:
     """``body``: the rest of the plan step a lead sentence heads ("6. **CPU offloading.**
-    Legal because PP=1, ..."): its qualifiers count for the head."""
-    if u.negated_section:
+    Legal because PP=1, ..."): its qualifiers count for the head. A question asserts nothing,
+    nor does a claim standing wholly inside a condition or an open alternative ("whether X or
+    Y", "only if X: ...")."""
+    if u.negated_section or is_question(u):
         return False
     s = u.norm
     hits = []
@@ -183,6 +192,8 @@ def _asserted_in(m: Misconception, u: Unit, body: str = "") -> bool:
     if m.number is not None and not _wrong_number(m, hits[0]):
         return False
     if m.kind == "claim":
+        if all(is_hypothetical(u, h.start(), h.end()) for h in hits):
+            return False
         # the claim's subject and its predicate both stand unnegated ("core_attn does not save
         # much" negates the predicate; "not core_attn" the subject), and no contrast inside
         # the match negates its tail ("the mean over 41-50, not from iteration 1")
@@ -253,7 +264,8 @@ def _across(m: Misconception, units: list[Unit]) -> Unit | None:
     if m.kind != "claim" or len(m.match) < 2 or m.number is not None:
         return None
     for u, v in pairwise(units):
-        if u.block < 0 or v.block != u.block or u.negated_section:
+        if (u.block < 0 or v.block != u.block or u.negated_section or is_question(u)
+                or is_question(v)):
             continue
         h0 = m.match[0].search(u.norm)
         if h0 is None or m.match[0].search(v.norm) or not _ANAPHOR.search(v.norm):

@@ -342,6 +342,22 @@ def _under_label(sc: _Scan, start: int) -> bool:
     return j < 0 or sc.semis[j] < sc.label_ends[k]
 
 
+def is_hypothetical(unit: Unit, start: int, end: int) -> bool:
+    """Whether a match lies inside a condition or an open alternative ("if X", "whether X or
+    Y", "only if selective cannot fit"): such a clause asserts neither X nor Y."""
+    return _inside(_scan(unit.norm).cond, start, end)
+
+
+# A question asserts nothing ("Q: could I offload to CPU?", "is it fragmentation?").
+_QUESTION_LEAD = re.compile(r"^(?:\d+[.)] ?)?q ?[:.] ")
+
+
+def is_question(unit: Unit) -> bool:
+    """A unit that asks rather than states: it ends in '?' or is the question of a Q&A pair."""
+    s = unit.norm.rstrip(" *_`)")
+    return s.endswith("?") or bool(_QUESTION_LEAD.match(s))
+
+
 def is_late(unit: Unit, start: int, end: int) -> bool:
     """Whether the clause of a match defers it ("FP8 is a later candidate")."""
     sc = _scan(unit.norm)

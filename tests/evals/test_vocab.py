@@ -73,3 +73,19 @@ def test_a_graph_scope_list_is_not_recompute_advice() -> None:
                          ).units
     assert not recommended(units, "mlp")
     assert recommended(parse_answer("Add recompute_modules: [mlp].").units, "mlp")
+
+
+@pytest.mark.parametrize(("term", "text"), [
+    ("maximize DP", "3. **スケール**：データ並列度を最大化し、ノード間は PP に回す。"),
+    ("maximize DP", "次に dp は最大に保ちます。"),
+    ("one variable at a time", "A/B は一度に 1 つの変更だけ行う。"),
+    ("one variable at a time", "チューニングでは 1 度に 1 つのノブを動かす。"),
+    ("dominant wall", "Nsight で bottleneck を特定してから次へ進む。"),
+    ("dominant wall", "最初に支配的なボトルネックを測る。"),
+    ("selective recompute", "メモリが足りなければ選択的な再計算を使う。"),
+    ("selective recompute", "再計算は selective から始め、full は最後。"),
+])
+def test_japanese_checklist_phrases_are_recommended(term: str, text: str) -> None:
+    """The seeds are Japanese; a plan in Japanese with English terms recommends the same steps
+    (blind batch 1: a Japanese plan failed four checklist items it covered)."""
+    assert recommended(parse_answer(text).units, term), (term, text)

@@ -11,7 +11,12 @@ import pytest
 
 from mbridge_perf.evals.answer import parse_answer
 from mbridge_perf.evals.checks import numeric, valid_keys
-from mbridge_perf.evals.claims import arithmetic_errors, find_misconceptions, misconceptions
+from mbridge_perf.evals.claims import (
+    arithmetic_errors,
+    find_misconceptions,
+    formula_errors,
+    misconceptions,
+)
 from mbridge_perf.evals.grade import grade_skill
 from mbridge_perf.skillpack.pack import get_skill, list_skills
 
@@ -415,3 +420,32 @@ def test_an_open_alternative_or_condition_asserts_neither_side(text: str, assert
 ])
 def test_selective_graph_claim_needs_the_graphs_as_its_object(text: str, asserts: bool) -> None:
     assert ("selective-vs-te-graphs-flipped" in found(RECOMPUTE, text)) is asserts
+
+
+# ---- blind batch 1: the misjudged bad answer (dense DP without CP), in new words
+
+
+@pytest.mark.parametrize(("text", "asserts"), [
+    ("Going to CP=16 leaves the data-parallel width alone: context parallelism works inside a "
+     "replica and does not eat into DP ranks.", True),
+    ("Context parallelism never takes data-parallel ranks, so the 1024 batch stays as is.", True),
+    ("CP=16 eats data-parallel ranks: DP = 1024 / (TP·PP·CP) = 1024 / (2·4·16) = 8.", False),
+])
+def test_dense_dp_that_ignores_cp_is_a_wrong_claim(text: str, asserts: bool) -> None:
+    assert ("dp-ignores-cp" in found(LONG, text)) is asserts
+
+
+@pytest.mark.parametrize(("text", "wrong"), [
+    ("CP=16 for 64K.\n\n| item | formula |\n|---|---|\n| dense DP on 1024 GPUs | "
+     "world / (TP × PP) |\n", True),
+    ("Sequence split: CP = 65536 / 4096 = 16. Then DP = world_size / (pp*tp) = 128.", True),
+    ("CP=16 for 64K. DP = world / (TP·CP·PP) = 8; EDP = world / (EP·ETP·PP).", False),
+    ("CP=16 for 64K. DP = world / (TP·PP) / CP = 8.", False),
+    ("No context parallelism here (CP=1): DP = world / (TP·PP) = 32.", False),
+])
+def test_a_dense_dp_formula_without_cp_is_caught_when_cp_is_above_one(text: str,
+                                                                        wrong: bool) -> None:
+    assert bool(formula_errors(parse_answer(text).units)) is wrong
+    if wrong:
+        grade = skill_grade(LONG, text)
+        assert any("leaves out CP" in f for f in failed(grade)), failed(grade)

@@ -11,7 +11,12 @@ from itertools import pairwise
 from typing import Any
 
 from mbridge_perf.evals.answer import Answer
-from mbridge_perf.evals.claims import arithmetic_errors, find_misconceptions, misconceptions
+from mbridge_perf.evals.claims import (
+    arithmetic_errors,
+    find_misconceptions,
+    formula_errors,
+    misconceptions,
+)
 from mbridge_perf.evals.jsonpath import PathError, query
 from mbridge_perf.evals.keys import invented_keys
 from mbridge_perf.evals.matching import mentioned, recommended
@@ -162,6 +167,7 @@ def no_misconceptions(a: Answer, card: dict[str, Any] | None, terms: list[str], 
                      if i.get("kind", "recommend") == "recommend" for t in i["match"]]
     found: list[Any] = find_misconceptions(card or {}, a.units, terms, omissions=omissions)
     found += arithmetic_errors(a.units)
+    found += formula_errors(a.units)
     text = "asserts none of the skill's misconceptions and no wrong arithmetic"
     if not found:
         return Expectation(text, True, f"none of {len(items)} misconceptions asserted; stated "

@@ -445,3 +445,52 @@ def _factor(toks: list[str], i: int, depth: int) -> tuple[float, int]:
     if num is None:
         raise ValueError("not a number")
     return num, i + 1
+
+
+# ---------------------------------------------------------------- stated formulas
+
+@dataclass(frozen=True)
+class FormulaError:
+    """A layout formula that leaves out a dimension the answer itself uses (dense DP written
+    as world / (TP·PP) while CP > 1)."""
+
+    formula: str
+    missing: str
+    why: str
+    unit: Unit
+
+    @property
+    def evidence(self) -> str:
+        return (f"states DP = {self.formula}, which leaves out {self.missing} — wrong: "
+                f"{self.why}, in: {clip(self.unit.text, 200)}")
+
+
+_DIMS = r"(?:tp|pp|cp|ep|etp|vpp)(?:=\d+)?"
+# "dense DP = world / (TP·PP)", "| dense DP at 512 GPUs | world / (TP·PP) |": the symbolic
+# denominator of a dense DP formula (EDP does not match: the lookbehind wants no letter).
+_DP_FORMULA = re.compile(
+    rf"(?<![a-z])dp(?:=\d+)?\b[^=/.;|]{{0,40}}?(?:=|\|) ?"
+    rf"(?:world(?:[_ ]size)?|n|gpus|total gpus) ?/ ?"
+    rf"(\(?{_DIMS}(?: ?[·*×x] ?{_DIMS}){{0,4}}\)?(?: ?[·*×x/] ?{_DIMS}){{0,3}})")
+# CP > 1 as the answer states it: "CP=32", "CP from the sequence: 131072 / 4096 = 32".
+_CP_SIZE = re.compile(r"\bcp=(\d{1,6})\b|\bcp\b[^.;|=]{0,40}= ?(\d{1,6})\b")
+_CP_WHY = ("CP ranks are part of the dense mesh TP × CP × DP × PP, so dense DP = "
+           "world / (TP·PP·CP)")
+
+
+def formula_errors(units: list[Unit], limit: int = 4) -> list[FormulaError]:
+    """Dense DP formulas without CP in an answer whose CP is above 1. One bounded regex pass per
+    unit, so the scan is linear in the answer."""
+    cp = max((int(m.group(1) or m.group(2)) for u in units for m in _CP_SIZE.finditer(u.norm)),
+             default=1)
+    if cp <= 1:
+        return []
+    out: list[FormulaError] = []
+    for u in units:
+        for m in _DP_FORMULA.finditer(u.norm):
+            if "cp" not in re.findall(r"[a-z]+", m.group(1)):
+                out.append(FormulaError(f"world / {m.group(1).strip()}", f"CP (= {cp})",
+                                        _CP_WHY, u))
+                if len(out) >= limit:
+                    return out
+    return out

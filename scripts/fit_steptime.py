@@ -5,9 +5,8 @@ layout is the table's (``dump_layout_matches = yes``), a precision, not LoRA, th
 per (model, GPU, GPU count, precision); the dump from ../shared/data/bridge-recipes/yaml/.
 Measured step time = GBS x seq / (tokens/s/GPU x GPUs).
 
-Method: coordinate search over multiplicative steps (no scipy) minimising
-median |log(pred/measured)| + 0.25 x mean |log error| (the mean term only breaks the median's
-flat steps). Out-of-sample figures: k-fold by model family (fit on the other families, predict
+Method: steptime/fit.py (robust loss on log errors plus a pull towards the seeds' public
+figures). Out-of-sample figures: k-fold by model family (fit on the other families, predict
 the held-out one); ``band_frac`` = p80 of those out-of-sample |relative errors|.
 
     python scripts/fit_steptime.py          # writes steptime/data/calibration.json
@@ -82,7 +81,9 @@ def bridge_rows(data: Path = SHARED) -> tuple[list[Row], dict[str, int]]:
             elif r["task"] == "lora":
                 skip("LoRA (frozen weights: not modelled)")
             else:
-                key = (r["model"], r["gpu"], r["num_gpus"], r["precision"])
+                # plain "FP8" rows were matched to FP8-CS dumps (data README): one precision
+                prec = "fp8cs" if r["precision"] == "fp8" else r["precision"]
+                key = (r["model"], r["gpu"], r["num_gpus"], prec)
                 old = newest.get(key)
                 if old is None or _release_key(r["release"]) > _release_key(old["release"]):
                     if old is not None:

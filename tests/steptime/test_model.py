@@ -159,3 +159,37 @@ def test_seed_and_shipped_calibration_load() -> None:
     assert cal.generations.keys() >= {"hopper", "blackwell"}
     assert SEED.gen("rubin") == SEED.generations["blackwell"]
     assert math.isfinite(cal.band_frac)
+
+
+def moe(*, ep: int, gpu: str) -> object:
+    """One MoE layer (8 experts, top-2) on EP ranks only (DP = EP)."""
+    return load_config(data={
+        "model": {"num_layers": 1, "hidden_size": H, "ffn_hidden_size": FFN,
+                  "moe_ffn_hidden_size": 1024, "num_moe_experts": 16, "moe_router_topk": 2,
+                  "num_attention_heads": 32, "seq_length": SEQ, "vocab_size": 128,
+                  "make_vocab_size_divisible_by": 128, "expert_model_parallel_size": ep,
+                  "moe_token_dispatcher_type": "alltoall", "moe_grouped_gemm": True,
+                  "share_embeddings_and_output_weights": True, "add_bias_linear": False},
+        "train": {"global_batch_size": ep, "micro_batch_size": 1},
+        "mixed_precision": "bf16_mixed", "optimizer": {"use_distributed_optimizer": False},
+        "cluster": {"num_gpus": ep, "gpu": gpu}})
+
+
+def test_ep_all_to_all_inside_the_domain_is_every_remote_copy_over_nvlink() -> None:
+    cal = plain(ep_exposed=1.0)
+    spec = lookup_gpu("h100")
+    rep = estimate_step_time(moe(ep=8, gpu="h100"), calibration=cal)
+    # dispatch + combine, fwd + bwd: 4 x tokens x top-k x h x 2 B, 7 of 8 copies leave the GPU
+    vol = 4 * SEQ * 2 * H * ACT_BYTES * 7 / 8
+    assert term(rep, "exposed comm: EP") == pytest.approx(vol / _bw(spec, 8, cal), rel=1e-9)
+
+
+def test_ep_across_nodes_splits_copies_between_nvlink_and_the_nic() -> None:
+    cal = plain(ep_exposed=1.0)
+    spec = lookup_gpu("h100")  # 8 GPUs per NVLink domain: EP 32 spans 4 nodes
+    rep = estimate_step_time(moe(ep=32, gpu="h100"), calibration=cal)
+    per_copy = 4 * SEQ * H * ACT_BYTES
+    local = 2 * 7 / 32 * per_copy / _bw(spec, 1, cal)  # 7 other ranks of the node
+    remote = 2 * 3 / 4 * per_copy / _bw(spec, 32, cal)  # 3 of 4 nodes are remote
+    assert remote > local
+    assert term(rep, "exposed comm: EP") == pytest.approx(max(local, remote), rel=1e-9)

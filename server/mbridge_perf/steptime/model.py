@@ -77,6 +77,7 @@ class LayerWork:
     ssm_core: float  # Mamba-2 SSD / GatedDeltaNet chunked scan
     dense_mlp: float  # dense MLP and shared experts
     experts: float  # routed experts, top-k active
+    scan_bytes: float  # Mamba-2 / GDN mixer's memory-bound bytes per token, fwd+bwd
     moe: bool
     attention: bool
 
@@ -118,6 +119,10 @@ def _core(m: ModelSection, mixer: str, seq: int) -> float:
 
 
 SSM_CHUNK = 128  # Megatron-Core mamba chunk size (SSD); GDN uses 64
+# A scan mixer's elementwise traffic per inner channel and token, forward: causal conv1d read +
+# write (4 B), the SSD kernels reading x twice and writing y plus chunk states (~10 B), the
+# gated RMSNorm reading y and z and writing its output (6 B); backward about twice that.
+SCAN_BYTES_PER_INNER = 60
 
 
 def _ssm(m: ModelSection, mixer: str) -> float:
@@ -134,6 +139,15 @@ def _ssm(m: ModelSection, mixer: str) -> float:
     return 0.0
 
 
+def _scan_bytes(m: ModelSection, mixer: str) -> float:
+    if mixer == "mamba":
+        return SCAN_BYTES_PER_INNER * _mamba_dims(m, m.hidden_size or 0)[3]
+    if mixer == "gdn":
+        v = opt_int(m, "linear_num_value_heads", 32) * opt_int(m, "linear_value_head_dim", 128)
+        return SCAN_BYTES_PER_INNER * v
+    return 0.0
+
+
 def _build_work(m: ModelSection, seq: int) -> ModelWork:
     kinds = layer_kinds(m)
     cache: dict[tuple[str, str], LayerWork] = {}
@@ -146,6 +160,7 @@ def _build_work(m: ModelSection, seq: int) -> ModelWork:
                            attn_core=_core(m, k.mixer, seq), ssm_core=_ssm(m, k.mixer),
                            dense_mlp=6.0 * (lp.dense_mlp + lp.shared_experts + lp.router),
                            experts=6.0 * lp.routed_per_expert * lp.topk,
+                           scan_bytes=_scan_bytes(m, k.mixer),
                            moe=k.mlp == "moe", attention=k.mixer in ("attention", "mla"))
             cache[(k.mixer, k.mlp)] = lw
         layers.append(lw)
@@ -299,9 +314,8 @@ class _Ctx:
     act: float
     tp_bw: float
     cp_bw: float
-    ep_bw: float
     pp_bw: float
-    ep_exp: float
+    ep_time: float
     tp_exp: float
     overhead: float
     chunk_len: int
@@ -341,9 +355,10 @@ def _setup(cfg: TrainingConfig | Derived, gpu: str | GPUSpec | None,
         attn_rate=peak_bf16 * cal.attn_eff, ssm_rate=peak_bf16 * cal.ssm_eff,
         hbm=(spec.hbm_tb_s or 3.0) * 1e12 * cal.hbm_eff, tok=tok_cp / d.tp, tok_cp=tok_cp,
         act=tok_cp * m.hidden_size * ACT_BYTES, tp_bw=_bw(spec, d.tp, cal),
-        cp_bw=_bw(spec, d.tp * d.cp, cal), ep_bw=_bw(spec, d.ep * d.etp, cal),
+        cp_bw=_bw(spec, d.tp * d.cp, cal),
         pp_bw=_bw(spec, d.world_size, cal),
-        ep_exp=cal.ep_exposed * (cal.ep_overlap_flag_factor if ep_overlap else 1.0),
+        ep_time=_ep_time(d, spec, cal, tok_cp / d.tp) * cal.ep_exposed
+        * (cal.ep_overlap_flag_factor if ep_overlap else 1.0) if d.ep > 1 else 0.0,
         tp_exp=cal.tp_exposed if d.cfg.overlap.tp_comm_overlap else cal.tp_exposed_no_overlap,
         overhead=cal.layer_overhead_us * 1e-6 * (cal.graph_overhead_factor if d.graphs.on
                                                  else 1.0),
@@ -360,7 +375,7 @@ def _layer_terms(c: _Ctx, lw: LayerWork, n: int, terms: dict[str, float]) -> Non
     t_core = tok * lw.attn_core / c.attn_rate
     t_exp = tok * lw.experts / (c.group_rate * _expert_size_eff(c, lw))
     terms["compute"] += n * (t_lin + t_core + t_exp + tok * lw.ssm_core / c.ssm_rate)
-    t_mem = tok * h * MEM_BYTES_PER_TOKEN_H * (3 if lw.moe else 1) / c.hbm
+    t_mem = tok * (h * MEM_BYTES_PER_TOKEN_H * (3 if lw.moe else 1) + lw.scan_bytes) / c.hbm
     terms["memory"] += n * t_mem
     fa, fc, fm, fe, fmem = _recompute_share(d, lw, c.chunk_len)
     terms["recompute"] += n * (fa * tok * lw.attn_linear / c.gemm_rate + fc * t_core
@@ -373,10 +388,26 @@ def _layer_terms(c: _Ctx, lw: LayerWork, n: int, terms: dict[str, float]) -> Non
         kv = c.tok_cp * c.work.kv_dim * ACT_BYTES / d.tp
         terms["cp"] += n * 3 * (d.cp - 1) * kv / c.cp_bw * cal.cp_exposed
     if lw.moe and d.ep > 1:
-        topk = d.cfg.model.moe_router_topk or 1
-        vol = 4 * (c.tok_cp / d.tp) * topk * h * ACT_BYTES * (d.ep - 1) / d.ep
-        terms["ep"] += n * vol / c.ep_bw * c.ep_exp
+        terms["ep"] += n * c.ep_time
     terms["other"] += n * c.overhead
+
+
+def _ep_time(d: Derived, spec: GPUSpec, cal: Calibration, tok: float) -> float:
+    """Dispatch + combine, forward and backward, of one MoE layer and micro-batch (before the
+    exposed share). Inside the NVLink domain every copy of a token to another rank crosses
+    NVLink. Across nodes the two links work at once: copies to ranks of the same node over
+    NVLink, copies to other nodes over the GPU's own NIC - each of the token's top-k copies
+    with the ``alltoall`` dispatcher, at most one per remote node with ``flex`` (DeepEP /
+    HybridEP send a token once per node and fan it out over NVLink there)."""
+    m = d.cfg.model
+    topk, h, span = m.moe_router_topk or 1, m.hidden_size or 0, d.ep * d.etp
+    per_copy = 4 * tok * h * ACT_BYTES
+    if span <= spec.nvlink_domain or not spec.nvlink_gb_s:
+        return per_copy * topk * (d.ep - 1) / d.ep / _bw(spec, span, cal)
+    nodes = -(-span // spec.nvlink_domain)
+    local = topk * (spec.nvlink_domain // d.etp - 1) / d.ep
+    remote = topk * (nodes - 1) / nodes
+    return per_copy * max(local / _bw(spec, 1, cal), remote / _bw(spec, span, cal))
 
 
 def _expert_size_eff(c: _Ctx, lw: LayerWork) -> float:
@@ -440,15 +471,16 @@ _TERM_NAMES = {
                            "gemm_half_flops) for the layer's GEMM size F, attention core "
                            "at the BF16 peak x attn_eff, experts x grouped_gemm_factor x "
                            "the same size factor for a local expert's tokens (tok·EP·topk/E)"),
-    "memory": ("memory-bound ops", "norms/activations/dropout as bytes over HBM "
-                                   "bandwidth x hbm_eff"),
+    "memory": ("memory-bound ops", "norms/activations/dropout (and Mamba/GDN scan "
+                                   "traffic) as bytes over HBM bandwidth x hbm_eff"),
     "recompute": ("recompute", "extra forward of the recomputed modules"),
     "tp": ("exposed comm: TP", "AG/RS (or AR) per layer, NVLink when TP <= domain; "
                                "tp_exposed with tp_comm_overlap, tp_exposed_no_overlap "
                                "without"),
     "cp": ("exposed comm: CP", "ring K/V exchange per attention layer"),
     "ep": ("exposed comm: EP", "dispatch+combine all-to-all per MoE layer, NVLink when "
-                               "EP x ETP <= domain, else one NIC per GPU"),
+                               "EP x ETP <= domain, else copies within the node over NVLink "
+                               "and to other nodes over one NIC per GPU, concurrently"),
     "pp": ("exposed comm: PP", "send/recv per chunk boundary"),
     "other": ("other (host/launch)", "fixed overhead per layer and micro-batch, less "
                                      "with CUDA graphs"),

@@ -487,6 +487,8 @@ def formula_errors(units: list[Unit], limit: int = 4) -> list[FormulaError]:
         return []
     out: list[FormulaError] = []
     for u in units:
+        if "/" not in u.norm:
+            continue
         for m in _DP_FORMULA.finditer(u.norm):
             if "cp" not in re.findall(r"[a-z]+", m.group(1)):
                 out.append(FormulaError(f"world / {m.group(1).strip()}", f"CP (= {cp})",

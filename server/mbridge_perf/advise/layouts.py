@@ -118,8 +118,9 @@ def pipeline_splits(m: ModelSection, pp: int) -> list[PipelineSplit]:
     """Every VPP for this PP that Bridge's recipes could express: an even split, the
     account_for_* split, or a layout that gives the middle virtual stages ceil(L / S) layers and
     takes the remainder from the last stage (MTP + loss), then the first (embedding) - the shape
-    of DeepSeek-V3's 'Et|(tt|)*30mL' at PP8 VPP4. Interleaving keeps at least two layers per
-    virtual chunk, as the recipes do (DeepSeek-V3 PP8 VPP4, Qwen3-235B PP4 VPP12)."""
+    of DeepSeek-V3's 'Et|(tt|)*30mL' at PP8 VPP4. An even split may run one layer per
+    virtual chunk (Llama3 70B SFT: PP8 VPP10 on GB200); the others keep at least two, as the
+    recipes do (DeepSeek-V3 PP8 VPP4, Qwen3-235B PP4 VPP12)."""
     layers = int(m.num_layers or 0)
     mtp = int(m.mtp_num_layers or 0)
     out: list[PipelineSplit] = []
@@ -129,7 +130,7 @@ def pipeline_splits(m: ModelSection, pp: int) -> list[PipelineSplit]:
         stages = pp * vpp
         if stages > layers + 2:
             break
-        if layers % stages == 0 and not mtp and (vpp == 1 or layers // stages >= 2):
+        if layers % stages == 0 and not mtp:
             out.append(PipelineSplit(pp, vpp, "even"))
             continue
         if (layers + 2) % stages == 0 and not mtp and (vpp == 1 or (layers + 2) // stages >= 2):

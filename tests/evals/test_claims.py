@@ -449,3 +449,71 @@ def test_a_dense_dp_formula_without_cp_is_caught_when_cp_is_above_one(text: str,
     if wrong:
         grade = skill_grade(LONG, text)
         assert any("leaves out CP" in f for f in failed(grade)), failed(grade)
+
+
+# ---- blind batch 2: the three bad answers that passed, in new words
+
+
+@pytest.mark.parametrize(("text", "asserts"), [
+    ("Leave ddp.nccl_ub=True on. Expandable segments only change how the caching allocator "
+     "grows, and user-buffer registration is a DP comm matter, so the two are compatible.",
+     True),
+    ("NCCL user buffers and the expandable allocator can be combined; keep both settings.", True),
+    ("With torch 2.8 you must pick one: nccl_ub and expandable segments are incompatible.",
+     False),
+    ("MCore raises a ValueError when nccl_ub meets expandable_segments:True; drop one.", False),
+])
+def test_keeping_nccl_ub_with_expandable_segments_is_a_wrong_claim(text: str,
+                                                                   asserts: bool) -> None:
+    assert ("expandable-with-nccl-ub" in found(MEMORY, text)) is asserts
+
+
+@pytest.mark.parametrize(("text", "asserts"), [
+    ("```python\ncfg.model.recompute_modules = [\"moe_act\", \"layernorm\"]\n"
+     "cfg.mixed_precision.fp8_recipe = \"delayed\"\n```", True),
+    ("On H100, delayed FP8 keeps the fewest copies, and layernorm recompute trims the rest.",
+     True),
+    ("```python\ncfg.model.recompute_modules = [\"layernorm\"]\n"
+     "cfg.mixed_precision.fp8_recipe = \"blockwise\"  # not delayed\n```", False),
+    ("Delayed FP8 alone is fine for a short run; nothing here recomputes norms.", False),
+])
+def test_delayed_fp8_next_to_layernorm_or_moe_act_recompute_is_wrong(text: str,
+                                                                     asserts: bool) -> None:
+    assert ("delayed-fp8-with-recompute" in found(LONG, text)) is asserts
+
+
+@pytest.mark.parametrize(("text", "asserts"), [
+    ("At 16K tokens per rank the attention score grows quadratically and dwarfs everything "
+     "else the layer keeps, which is why core_attn is where I would start.", True),
+    ("Choose core_attn. That gets tens of GB per rank back once sequences are long.", True),
+    ("With fused attention the score matrix is never kept, so core_attn gives almost nothing "
+     "back.", False),
+])
+def test_core_attn_sold_as_the_big_saver_in_new_phrasings(text: str, asserts: bool) -> None:
+    assert ("core-attn-big-saver" in found(RECOMPUTE, text)) is asserts
+
+
+# ---- blind batch 2: program output quoted in a plain fence, and list placeholders
+
+
+def test_a_quoted_error_line_in_a_plain_fence_asserts_nothing() -> None:
+    text = ("The run stopped with this:\n\n```\nRuntimeError: full recompute needs a "
+            "whole-iteration graph\n```\n\nSo use selective recompute with layernorm, after "
+            "setting expandable_segments:True.")
+    units = parse_answer(text).units
+    assert any(u.quoted for u in units)
+    assert "full-recompute-first" not in found(RECOMPUTE, text)
+
+
+def test_a_config_line_in_a_plain_fence_is_still_read() -> None:
+    text = "```\ncfg.model.recompute_modules = [\"core_attn\"]\n```"
+    assert not any(u.quoted for u in parse_answer(text).units)
+    text = "```\nmodel.recompute_modules=[bogus_label]\n```"
+    assert not valid_keys(parse_answer(text)).passed
+
+
+def test_an_ellipsis_in_a_label_list_and_the_estimator_argument_are_not_invented_keys() -> None:
+    text = ("Go selective: `recompute_granularity=\"selective\"`, `recompute_modules=[…]` with "
+            "the labels below. Price it with `estimate_training_memory(cfg, "
+            "num_microbatches=16)` first.")
+    assert valid_keys(parse_answer(text)).passed

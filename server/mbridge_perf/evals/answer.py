@@ -31,6 +31,14 @@ _SENTENCE = re.compile(r"(?<=[.!?])[*_`]{0,2}\s+(?=[A-Za-z(`*\"']|\d{1,2}\) )")
 _ABBREV = re.compile(r"(?:\b(?:e\.g|i\.e|vs|etc|approx|cf|incl|resp|no|fig|eq|ca)\.|\b[A-Za-z]\.)$")
 
 
+# A fence without a language, or one named for program output, that quotes a line with no
+# assignment and no command ("AssertionError: ...", "cuda_gpu_kern_sum: ... 38.2 %"): the
+# program's words, not the answer's, so they assert and recommend nothing.
+_OUTPUT_FENCES = frozenset({"", "text", "txt", "log", "console", "output", "plaintext"})
+_COMMAND_LINE = re.compile(r"=|^\s*(?:[$>#-]|export\b|python|torchrun|srun|sbatch|bash\b|"
+                           r"nsys\b|grep\b|uv\b|pip\b)")
+
+
 def _sentences(text: str) -> list[str]:
     """Prose into sentences; a chat-style lower-case start after a full stop also splits."""
     out: list[str] = []
@@ -182,11 +190,12 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
     # negated lead-in ("Things I would not do:") governs the list items that follow it
     st = {"block": 0, "item": False, "ordered": False, "list_neg": False, "parent": -1}
 
-    def add(piece: str, lead: bool = False) -> None:
+    def add(piece: str, lead: bool = False, quoted: bool = False) -> None:
         for chunk in _bounded(piece.strip()):
             norm = normalise(chunk)
             units.append(Unit(chunk, norm, len(units), late or unit_is_late(norm),
-                              neg or st["list_neg"], lead=lead, block=st["block"]))
+                              neg or st["list_neg"], lead=lead, block=st["block"],
+                              quoted=quoted))
             lead = False
 
     def flush() -> None:
@@ -257,5 +266,6 @@ def _close_fence(fence: str, code: list[str], blocks: list[Any], units: list[Uni
             blocks.append(data)
             units.extend(_recommendation_units(data, len(units)))
             return
+    output = fence[3:] in _OUTPUT_FENCES
     for line in code:
-        add(line)
+        add(line, quoted=output and not _COMMAND_LINE.search(line))

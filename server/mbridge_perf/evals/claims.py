@@ -175,7 +175,7 @@ def _asserted_in(m: Misconception, u: Unit, body: str = "") -> bool:
     Legal because PP=1, ..."): its qualifiers count for the head. A question asserts nothing,
     nor does a claim standing wholly inside a condition or an open alternative ("whether X or
     Y", "only if X: ...")."""
-    if u.negated_section or is_question(u):
+    if u.negated_section or u.quoted or is_question(u):
         return False
     s = u.norm
     hits = []
@@ -264,8 +264,8 @@ def _across(m: Misconception, units: list[Unit]) -> Unit | None:
     if m.kind != "claim" or len(m.match) < 2 or m.number is not None:
         return None
     for u, v in pairwise(units):
-        if (u.block < 0 or v.block != u.block or u.negated_section or is_question(u)
-                or is_question(v)):
+        if (u.block < 0 or v.block != u.block or u.negated_section or u.quoted
+                or is_question(u) or is_question(v)):
             continue
         h0 = m.match[0].search(u.norm)
         if h0 is None or m.match[0].search(v.norm) or not _ANAPHOR.search(v.norm):

@@ -23,7 +23,10 @@ _STRIP = re.compile(r"[`*]")
 _EXTRA = {"expandable_segments", "garbage_collection_threshold", "max_split_size_mb",
           "num_gpus", "gpus_per_node", "tool_calls", "seq_len",
           # our tools' own arguments, which their answers name
-          "target_gib", "golden_tflops", "regression_pct", "dry_run", "run_id", "wait_s"}
+          "target_gib", "golden_tflops", "regression_pct", "dry_run", "run_id", "wait_s",
+          # the argument of Bridge's estimate_training_memory(cfg, num_microbatches=...), which
+          # the memory-tuning skill tells answers to call
+          "num_microbatches"}
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,8 @@ def invented_keys(units: list[Unit]) -> list[BadKey]:
     al = allowlist()
     bad: list[BadKey] = []
     for u in units:
+        if u.quoted:     # quoted program output names no knob the answer recommends
+            continue
         raw = " ".join(_STRIP.sub("", u.text).split())
         low = raw.lower()
         found: list[tuple[str, str]] = []
@@ -93,7 +98,7 @@ def invented_keys(units: list[Unit]) -> list[BadKey]:
         for m in _LIST_VALUE.finditer(low):
             allowed = al.enums[m.group(1)]
             for label in (x.strip(" \"'") for x in m.group(2).split(",")):
-                if label and label not in allowed:
+                if label.strip(".…") and label not in allowed:  # "[...]": a placeholder
                     found.append((label, f"{m.group(1)} label {label!r} (valid: "
                                           f"{', '.join(sorted(allowed))})"))
         for m in _ENUM_VALUE.finditer(low):

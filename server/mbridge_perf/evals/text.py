@@ -166,6 +166,7 @@ class Unit:
     negated_section: bool = False
     lead: bool = False      # the first sentence of an ordered list item (a plan step's head)
     block: int = -1         # the paragraph / list item it belongs to (-1: none known)
+    quoted: bool = False    # a line of quoted program output (a log or error message)
 
 
 @dataclass(frozen=True)

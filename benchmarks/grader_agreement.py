@@ -59,8 +59,16 @@ is development data from then on. benchmarks/heldout2 (24 more, 12 good / 12 bad
 unread until those fixes were done and measured once, on 2026-12-02 after commit cb468c7: 16/24
 (67 %) - four skills 4/6 each; six good answers failed, two bad ones passed. That is the
 grader's unseen-data figure this round (the target is 90 %); its misjudgements were read after
-that measurement and fixed as capabilities, so heldout2 is development data from then on, and
-benchmarks/heldout3, if present, is the next unseen batch.
+that measurement and fixed as capabilities, so heldout2 is development data from then on, After
+fixes for it (four misjudgements: three bad answers passing for want of a card misconception,
+one good answer failed by a quoted log line) it reads 20/24; the four still misjudged are good
+answers to narrow questions that the whole-skill checklist fails (the grader does not see the
+question) and two polarity slips. benchmarks/heldout3 (24 more, 12 good / 12 bad), written
+while those fixes were made and measured once after commit 73ae095: 13/24 (54 %) - activation-
+recompute 1/6, memory-tuning 3/6, long-context 5/6, workflow 4/6; six good answers failed, five
+bad ones passed (two of them repeat a mistake fixed on another card only). Over the three blind
+batches, each at its first measurement: 48/72 (67 %). The grader is not at the 90 % target on
+answers written by others.
 """
 
 from __future__ import annotations
@@ -84,7 +92,7 @@ OWN_DATA = REPO / "tests" / "evals" / "answers22"
 # Blind batches written by others (see the docstring); folder -> how it may be read.
 BLIND = {"heldout": "blind batch 1 (measured once at 19/24, developed on since)",
          "heldout2": "blind batch 2 (measured once at 16/24, developed on since)",
-         "heldout3": "blind batch 3 (never developed on)"}
+         "heldout3": "blind batch 3 (measured once at 13/24, not developed on)"}
 PREFIX = "nemo-mbridge-perf-"
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 

@@ -34,8 +34,9 @@ def test_model_flops_match_bridge_tables() -> None:
         rep = estimate_step_time(r.derived, gpu=r.spec)
         ours = rep.model_flops_per_step / (r.measured_s * r.num_gpus) / 1e12
         diffs[r.recipe] = ours / table[(r.recipe, r.release)] - 1
-    transformers = [abs(v) for k, v in diffs.items() if "nemotron" not in k]
-    assert statistics.median(transformers) < 0.005
-    assert max(transformers) < 0.05
-    # hybrid Mamba: Bridge's own hybrid helper counts the scan differently (documented gap)
-    assert all(abs(v) < 0.1 for v in diffs.values())
+    assert statistics.median(abs(v) for v in diffs.values()) < 0.005
+    assert max(abs(v) for v in diffs.values()) < 0.05
+    # hybrid Mamba rows too: counted as Bridge's hybrid helper counts them (inner width 2h,
+    # a 7·d_in·N scan), not as the layer's real GEMMs (7 % fewer on Nemotron-3 Nano)
+    hybrid = [abs(v) for k, v in diffs.items() if "nemotron" in k]
+    assert hybrid and max(hybrid) < 0.015

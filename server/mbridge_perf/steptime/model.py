@@ -78,6 +78,7 @@ class LayerWork:
     dense_mlp: float  # dense MLP and shared experts
     experts: float  # routed experts, top-k active
     scan_bytes: float  # Mamba-2 / GDN mixer's memory-bound bytes per token, fwd+bwd
+    counted: float  # FLOPs per token as Bridge's model-FLOP convention counts this layer
     moe: bool
     attention: bool
 
@@ -148,6 +149,41 @@ def _scan_bytes(m: ModelSection, mixer: str) -> float:
     return 0.0
 
 
+def _counted_mixer(m: ModelSection, mixer: str) -> float | None:
+    """A scan mixer's fwd+bwd FLOPs per token as Bridge's hybrid helpers count them (flop_utils
+    mamba_layer_flops / gdn_layer_flops): Mamba with an inner width of 2h whatever the heads
+    say, and a 7·d_in·N scan. None: the layer's own FLOPs are the convention's."""
+    h = m.hidden_size or 0
+    if mixer == "mamba":
+        state = opt_int(m, "mamba_state_dim", 128)
+        groups, head_dim = opt_int(m, "mamba_num_groups", 8), opt_int(m, "mamba_head_dim", 64)
+        d_in = 2 * h
+        heads = opt_int(m, "mamba_num_heads", 128) or d_in // head_dim
+        return 3.0 * (2 * h * (2 * d_in + 2 * groups * state + heads) + 7 * d_in * state
+                      + 2 * d_in * h)
+    if mixer == "gdn":
+        qk = opt_int(m, "linear_key_head_dim", 128) * opt_int(m, "linear_num_key_heads", 16)
+        vh, vd = opt_int(m, "linear_num_value_heads", 32), opt_int(m, "linear_value_head_dim", 128)
+        conv = opt_int(m, "linear_conv_kernel_dim", 4)
+        v = vh * vd
+        return 3.0 * 2 * (h * (2 * qk + 2 * v + 2 * vh) + conv * (2 * qk + v) + vh * vd ** 2 * 4
+                          + h * v)
+    return None
+
+
+def _layer_work(m: ModelSection, i: int, mixer: str, mlp: str, seq: int) -> LayerWork:
+    lp = layer_params(m, i)
+    attn_linear, core, ssm = 6.0 * lp.attention, _core(m, mixer, seq), _ssm(m, mixer)
+    dense = 6.0 * (lp.dense_mlp + lp.shared_experts + lp.router)
+    experts = 6.0 * lp.routed_per_expert * lp.topk
+    mixer_counted = _counted_mixer(m, mixer)
+    counted = (attn_linear + core + ssm if mixer_counted is None else mixer_counted) \
+        + dense + experts
+    return LayerWork(attn_linear=attn_linear, attn_core=core, ssm_core=ssm, dense_mlp=dense,
+                     experts=experts, scan_bytes=_scan_bytes(m, mixer), counted=counted,
+                     moe=mlp == "moe", attention=mixer in ("attention", "mla"))
+
+
 def _build_work(m: ModelSection, seq: int) -> ModelWork:
     kinds = layer_kinds(m)
     cache: dict[tuple[str, str], LayerWork] = {}
@@ -155,14 +191,7 @@ def _build_work(m: ModelSection, seq: int) -> ModelWork:
     for i, k in enumerate(kinds):
         lw = cache.get((k.mixer, k.mlp))
         if lw is None:
-            lp = layer_params(m, i)
-            lw = LayerWork(attn_linear=6.0 * lp.attention,
-                           attn_core=_core(m, k.mixer, seq), ssm_core=_ssm(m, k.mixer),
-                           dense_mlp=6.0 * (lp.dense_mlp + lp.shared_experts + lp.router),
-                           experts=6.0 * lp.routed_per_expert * lp.topk,
-                           scan_bytes=_scan_bytes(m, k.mixer),
-                           moe=k.mlp == "moe", attention=k.mixer in ("attention", "mla"))
-            cache[(k.mixer, k.mlp)] = lw
+            lw = cache[(k.mixer, k.mlp)] = _layer_work(m, i, k.mixer, k.mlp, seq)
         layers.append(lw)
     n_mtp = mtp_layers(m)
     h = m.hidden_size or 0
@@ -171,8 +200,7 @@ def _build_work(m: ModelSection, seq: int) -> ModelWork:
     last = layers[-1] if layers else None
     mtp = 0.0
     if n_mtp and last is not None:
-        per = last.attn_linear + last.attn_core + last.ssm_core + last.dense_mlp + last.experts
-        mtp = n_mtp * (per + 6.0 * 2 * h * h)
+        mtp = n_mtp * (last.counted + 6.0 * 2 * h * h)
     heads = m.num_attention_heads or 1
     groups = m.num_query_groups or heads
     kv = 2 * groups * (m.kv_channels or h // heads)
@@ -492,8 +520,7 @@ def _report(c: _Ctx, step: float, per_mb: dict[str, float], bubble: float, dp_ex
     """Phase 4: the report: throughput in NVIDIA's model-FLOP convention, the breakdown."""
     d, work, mb, world = c.d, c.work, c.d.num_microbatches or 1, c.d.world_size or 1
     tokens = (d.cfg.train.global_batch_size or 0) * (d.cfg.model.seq_length or 0)
-    per_token = sum(lw.attn_linear + lw.attn_core + lw.ssm_core + lw.dense_mlp + lw.experts
-                    for lw in work.layers) + work.logits + work.mtp
+    per_token = sum(lw.counted for lw in work.layers) + work.logits + work.mtp
     flops = per_token * tokens
     tflops = flops / step / world / 1e12
     breakdown = [Term(name=_TERM_NAMES[k][0], seconds=mb * v, share=mb * v / step,

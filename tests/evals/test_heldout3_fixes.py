@@ -55,3 +55,24 @@ def test_keeping_nccl_ub_beside_expandable_segments_is_wrong(skill: str, text: s
 def test_mlp_recompute_priced_far_below_its_measured_cost_is_wrong(skill: str, text: str,
                                                                    asserts: bool) -> None:
     assert ("mlp-cost-understated" in found(skill, text)) is asserts
+
+
+@pytest.mark.parametrize(("text", "asserts"), [
+    ("The memory estimator is a rough guide: it ignores fragmentation and NCCL workspaces.",
+     False),
+    ("Ignore fragmentation here and go straight to recompute.", True),
+])
+def test_a_tool_that_ignores_fragmentation_is_not_advice_to_ignore_it(text: str,
+                                                                       asserts: bool) -> None:
+    assert ("fragmentation-ruled-out-blindly" in found(MEMORY, text)) is asserts
+
+
+@pytest.mark.parametrize(("text", "asserts"), [
+    ("Note that 41 % is a fraction of summed kernel durations, nothing more.", False),
+    ("Concurrent GEMMs count in full, so a share of summed kernel time cannot show exposed "
+     "all-to-all.", False),
+    ("Add up the kernel durations from nsys: that total is your communication time.", True),
+])
+def test_naming_what_a_kernel_sum_percentage_is_asserts_nothing(text: str,
+                                                               asserts: bool) -> None:
+    assert ("summed-kernel-time" in found(WORKFLOW, text)) is asserts

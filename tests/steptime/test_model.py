@@ -24,7 +24,7 @@ def plain(**over: object) -> Calibration:
             for g in ("ampere", "hopper", "blackwell", "blackwell_ultra")}
     base = dict(generations=gens, grouped_gemm_factor=1.0, attn_eff=0.5, ep_exposed=0.0,
                 layer_overhead_us=0.0, tp_exposed=0.0, cp_exposed=0.0, pp_exposed=0.0,
-                dp_exposed=0.0, hbm_eff=1.0)
+                dp_exposed=0.0, hbm_eff=1.0, coll_latency_us=0.0, coll_hop_us=0.0)
     return Calibration(**(base | over))
 
 
@@ -79,6 +79,21 @@ def test_ring_collective_is_2_n_minus_1_over_n_bytes_over_bandwidth() -> None:
     act = SEQ * H * ACT_BYTES
     one_all_reduce = 2 * (tp - 1) / tp * act / bw
     assert term(rep, "exposed comm: TP") == pytest.approx(4 * one_all_reduce, rel=1e-9)
+
+
+def test_each_collective_pays_its_start_up_latency() -> None:
+    """A ring over n ranks starts in coll_latency + (n - 2) x coll_hop; TP's 8 collectives a
+    layer pay it on top of their bytes, and full recompute repeats the forward's 4."""
+    tp = 4
+    cal = plain(tp_exposed=1.0, coll_latency_us=20.0, coll_hop_us=5.0)
+    bw = 450e9 * cal.nvlink_eff
+    one = (tp - 1) / tp * SEQ * H * ACT_BYTES / bw + (20.0 + 5.0 * (tp - 2)) * 1e-6
+    rep = estimate_step_time(gpt(tp=tp, gpus=tp), calibration=cal)
+    assert term(rep, "exposed comm: TP") == pytest.approx(8 * one, rel=1e-9)
+    full = estimate_step_time(gpt(tp=tp, gpus=tp, recompute_granularity="full",
+                                  recompute_method="uniform", recompute_num_layers=1),
+                              calibration=cal)
+    assert term(full, "exposed comm: TP") == pytest.approx(12 * one, rel=1e-9)
 
 
 def test_tp_exposure_follows_tp_comm_overlap() -> None:

@@ -69,6 +69,11 @@ class Calibration(BaseModel):
     dp_exposed: float = Field(0.1, ge=0, le=1)
     """Exposed share of the DP/EDP gradient reduce-scatter + parameter all-gather with the
     overlap flags on (1.0 when off)."""
+    coll_latency_us: float = Field(20.0, ge=0)
+    """Fixed start-up time of one collective or send/recv (NVLink; SimuMax's fit: 20-25 us,
+    Calculon 10-20 us, step-time-model.md §7): what a small message costs whatever its size."""
+    coll_hop_us: float = Field(5.0, ge=0)
+    """Latency per further rank a ring collective passes through (SimuMax: 5-10 us per hop)."""
     nvlink_eff: float = Field(0.8, gt=0, le=1)
     """Achieved bus bandwidth / NVLink one-way line rate (H100 ring ~370/450, nccl-tests#212)."""
     network_eff: float = Field(0.9, gt=0, le=1)

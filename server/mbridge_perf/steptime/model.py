@@ -410,14 +410,23 @@ def _layer_terms(c: _Ctx, lw: LayerWork, n: int, terms: dict[str, float]) -> Non
                                + fm * tok * lw.dense_mlp / c.gemm_rate + fe * t_exp
                                + fmem * t_mem) / 3.0
     if d.tp > 1:
-        n_coll = (4 if lw.attention or lw.attn_linear else 0) + 4
-        terms["tp"] += n * n_coll * (d.tp - 1) / d.tp * c.act / c.tp_bw * c.tp_exp
+        # AG + RS around each projection pair, forward and backward; full recompute repeats
+        # the forward's half
+        n_coll = ((4 if lw.attention or lw.attn_linear else 0) + 4) * \
+            (1 + 0.5 * (fa if d.recompute.granularity == "full" else 0.0))
+        one = (d.tp - 1) / d.tp * c.act / c.tp_bw + _latency(cal, d.tp)
+        terms["tp"] += n * n_coll * one * c.tp_exp
     if d.cp > 1 and lw.attention:
         kv = c.tok_cp * c.work.kv_dim * ACT_BYTES / d.tp
-        terms["cp"] += n * 3 * (d.cp - 1) * kv / c.cp_bw * cal.cp_exposed
+        terms["cp"] += n * 3 * (d.cp - 1) * (kv / c.cp_bw + _latency(cal, 2)) * cal.cp_exposed
     if lw.moe and d.ep > 1:
         terms["ep"] += n * c.ep_time
     terms["other"] += n * c.overhead
+
+
+def _latency(cal: Calibration, ranks: int) -> float:
+    """Start-up time (s) of one collective over ``ranks`` ranks (a send/recv: 2)."""
+    return (cal.coll_latency_us + cal.coll_hop_us * (ranks - 2)) * 1e-6
 
 
 def _ep_time(d: Derived, spec: GPUSpec, cal: Calibration, tok: float) -> float:
@@ -430,12 +439,13 @@ def _ep_time(d: Derived, spec: GPUSpec, cal: Calibration, tok: float) -> float:
     m = d.cfg.model
     topk, h, span = m.moe_router_topk or 1, m.hidden_size or 0, d.ep * d.etp
     per_copy = 4 * tok * h * ACT_BYTES
+    start = 4 * _latency(cal, 2)  # pairwise exchanges run at once: no per-hop chain
     if span <= spec.nvlink_domain or not spec.nvlink_gb_s:
-        return per_copy * topk * (d.ep - 1) / d.ep / _bw(spec, span, cal)
+        return start + per_copy * topk * (d.ep - 1) / d.ep / _bw(spec, span, cal)
     nodes = -(-span // spec.nvlink_domain)
     local = topk * (spec.nvlink_domain // d.etp - 1) / d.ep
     remote = topk * (nodes - 1) / nodes
-    return per_copy * max(local / _bw(spec, 1, cal), remote / _bw(spec, span, cal))
+    return start + per_copy * max(local / _bw(spec, 1, cal), remote / _bw(spec, span, cal))
 
 
 def _expert_size_eff(c: _Ctx, lw: LayerWork) -> float:
@@ -460,7 +470,8 @@ def _slowest_stage(c: _Ctx) -> tuple[float, dict[str, float]]:
         if s == d.pp - 1:
             terms["compute"] += c.tok * (work.logits + work.mtp) / c.gemm_rate
         if d.pp > 1:
-            terms["pp"] += 2 * d.vpp * (c.act / d.tp) / c.pp_bw * c.cal.pp_exposed
+            terms["pp"] += 2 * d.vpp * ((c.act / d.tp) / c.pp_bw + _latency(c.cal, 2)) \
+                * c.cal.pp_exposed
         total = sum(terms.values())
         if best is None or total > best[0]:
             best = (total, terms)

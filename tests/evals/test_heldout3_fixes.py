@@ -8,6 +8,9 @@ from __future__ import annotations
 import pytest
 from test_claims import LONG, MEMORY, RECOMPUTE, WORKFLOW, found
 
+from mbridge_perf.evals.answer import parse_answer
+from mbridge_perf.evals.matching import recommended
+
 
 @pytest.mark.parametrize(("text", "asserts"), [
     ("Option B: go from BF16 to FP8 tensorwise; at one byte per element "
@@ -76,3 +79,13 @@ def test_a_tool_that_ignores_fragmentation_is_not_advice_to_ignore_it(text: str,
 def test_naming_what_a_kernel_sum_percentage_is_asserts_nothing(text: str,
                                                                asserts: bool) -> None:
     assert ("summed-kernel-time" in found(WORKFLOW, text)) is asserts
+
+
+@pytest.mark.parametrize(("text", "covered"), [
+    ("1. If PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is not yet exported in your "
+     "sbatch, add it before the launch line.", True),
+    ("1. In case expandable_segments:True is not set in the job, export it first.", True),
+    ("1. If the OOM persists with expandable_segments:True, revisit the layout.", False),
+])
+def test_if_not_already_set_then_add_it_recommends_the_step(text: str, covered: bool) -> None:
+    assert bool(recommended(parse_answer(text).units, "expandable_segments")) is covered

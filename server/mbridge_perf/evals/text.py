@@ -140,6 +140,26 @@ _SUFFIX = re.compile(
 _SUFFIX_REACH = 110
 _NOT_FIRST = re.compile(r"\bnot\b[^;.]{0,60}\bfirst\b")
 _COND = re.compile(r"\b(?:if|when|whenever|unless|until|once|whether)\b[^,;.:]*")
+# "if X is not already in the env, add it": a condition on the user's current state whose main
+# clause does X is advice to do X (the condition only spares those who already have it).
+_IF_MISSING = re.compile(
+    r"\b(?:is|are|has|have|was) not (?:already |yet )?(?:set|there|in|on|enabled|exported|"
+    r"present|configured|been set)\b[^,;.:]{0,60}, (?:then )?(?:add|set|export|enable|put|"
+    r"turn on|include|do)\b")
+_IF_LEAD = re.compile(r"\b(?:if|in case)\b(?:[^,;.:]|[.:](?! ))*\Z")
+
+
+def _if_missing(s: str) -> list[tuple[int, int]]:
+    """Spans "if X is not already set, add it": the state clause is found first, then its
+    "if" at most 160 characters back (one bounded look-back per hit, so the scan is linear)."""
+    out = []
+    for m in _IF_MISSING.finditer(s):
+        lead = _IF_LEAD.search(s, max(0, m.start() - 160), m.start())
+        if lead is not None:
+            out.append((lead.start(), m.end()))
+    return out
+
+
 _REPORTED = re.compile(
     r"\b(?:you plan|you are planning|planning to|plans? to|teammate|colleague|someone|he wants|"
     r"she wants|wants to|proposes?|proposed|suggests?|suggested|claims?|claimed|the question|"
@@ -201,6 +221,7 @@ class _Scan:
         self.break_ends = [b[1] for b in self.breaks]
         self.late = [(m.start(), m.end()) for m in _LATE.finditer(s)]
         self.cond = [(m.start(), m.end()) for m in _COND.finditer(s)]
+        self.if_missing = _if_missing(s)
         self.skip = _merge(self.late + self.cond)
         self.reported = [m.start() for m in _REPORTED.finditer(s)]
         self.label_ends = [m.end() for m in _LABEL.finditer(s)]
@@ -286,6 +307,8 @@ def is_recommended(unit: Unit, start: int, end: int) -> bool:
     sc = _scan(s)
     if sc.row_rejected:
         return False
+    if _inside(sc.if_missing, start, end):
+        return True
     lo, hi = sc.clause(start, end, len(s))
     if _inside(sc.cond, start, end) and not _inside(sc.late, start, end):
         return False

@@ -403,7 +403,11 @@ def _layer_terms(c: _Ctx, lw: LayerWork, n: int, terms: dict[str, float]) -> Non
     t_core = tok * lw.attn_core / c.attn_rate
     t_exp = tok * lw.experts / (c.group_rate * _expert_size_eff(c, lw))
     terms["compute"] += n * (t_lin + t_core + t_exp + tok * lw.ssm_core / c.ssm_rate)
-    t_mem = tok * (h * MEM_BYTES_PER_TOKEN_H * (3 if lw.moe else 1) + lw.scan_bytes) / c.hbm
+    # about half the elementwise bytes (norms, dropout, residual adds) run on every token of
+    # the TP group when sequence parallelism is off
+    rep = 0.5 * (d.tp if d.tp > 1 and not d.cfg.model.sequence_parallel else 1) + 0.5
+    t_mem = tok * (h * MEM_BYTES_PER_TOKEN_H * (3 if lw.moe else 1) * rep + lw.scan_bytes) \
+        / c.hbm
     terms["memory"] += n * t_mem
     fa, fc, fm, fe, fmem = _recompute_share(d, lw, c.chunk_len)
     terms["recompute"] += n * (fa * tok * lw.attn_linear / c.gemm_rate + fc * t_core

@@ -29,7 +29,7 @@ from typing import Any
 
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.load import load_config
-from mbridge_perf.steptime import estimate_step_time
+from mbridge_perf.steptime import estimate_step_time, load_calibration
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import fit_steptime as fit
@@ -66,31 +66,6 @@ def bridge(data: Path, out: Path) -> None:
                         f"{r.measured_s:.4f}", f"{oos[r.recipe]:.4f}"])
 
 
-def _gpt(*, layers: int, hidden: int, ffn: int, heads: int, head_dim: int | None, seq: int,
-         gbs: int, mbs: int, tp: int, pp: int, vp: int, gpus: int, gpu: str, recompute: str,
-         sp: bool) -> Any:
-    model: dict[str, Any] = {
-        "num_layers": layers, "hidden_size": hidden, "ffn_hidden_size": ffn,
-        "num_attention_heads": heads, "seq_length": seq, "vocab_size": 51200,
-        "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
-        "sequence_parallel": sp and tp > 1,
-    }
-    if head_dim:
-        model["kv_channels"] = head_dim
-    if vp > 1:
-        model["virtual_pipeline_model_parallel_size"] = vp
-    if recompute == "full":
-        model |= {"recompute_granularity": "full", "recompute_method": "uniform",
-                  "recompute_num_layers": 1}
-    elif recompute == "selective":
-        model |= {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
-    data = {"model": model, "train": {"global_batch_size": gbs, "micro_batch_size": mbs},
-            "mixed_precision": "fp16_mixed",
-            "optimizer": {"use_distributed_optimizer": False},
-            "cluster": {"num_gpus": gpus, "gpu": gpu}}
-    return load_config(data=data)
-
-
 def korthikanti(data: Path, out: Path) -> None:
     with (data / "steptime" / "korthikanti_2022.csv").open(encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
@@ -98,12 +73,13 @@ def korthikanti(data: Path, out: Path) -> None:
     preds: dict[tuple[str, str], tuple[float, float]] = {}
     lines = []
     for r in rows:
-        cfg = _gpt(layers=int(r["num_layers"]), hidden=int(r["hidden"]), ffn=int(r["ffn"]),
-                   heads=int(r["heads"]), head_dim=int(r["head_dim"]), seq=int(r["seq_len"]),
-                   gbs=int(r["gbs"]), mbs=int(r["mbs"]), tp=int(r["tp"]), pp=int(r["pp"]),
-                   vp=int(r["vp"]), gpus=int(r["num_gpus"]), gpu="A100-80GB",
-                   recompute="full" if r["recompute"] == "full" else "selective",
-                   sp=r["sequence_parallel"] == "true")
+        cfg = fit.gpt_config(
+            layers=int(r["num_layers"]), hidden=int(r["hidden"]), ffn=int(r["ffn"]),
+            heads=int(r["heads"]), head_dim=int(r["head_dim"]), seq=int(r["seq_len"]),
+            gbs=int(r["gbs"]), mbs=int(r["mbs"]), tp=int(r["tp"]), pp=int(r["pp"]),
+            vp=int(r["vp"]), gpus=int(r["num_gpus"]), gpu="A100-80GB",
+            recompute="full" if r["recompute"] == "full" else "selective",
+            sp=r["sequence_parallel"] == "true")
         pred = estimate_step_time(cfg).step_time_s
         meas = float(r["step_time_s"])
         kind = "full" if r["recompute"] == "full" else "selective"
@@ -175,28 +151,19 @@ def nemo(data: Path, out: Path) -> None:
 
 
 def vtrain(data: Path, out: Path) -> None:
-    with (data / "steptime" / "vtrain_single.csv").open(encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
-    groups: dict[tuple[str, ...], list[tuple[float, float]]] = defaultdict(list)
-    skipped: Counter[str] = Counter()
+    """Each width predicted with the host launch floor fitted on the other width only."""
+    rows = fit.vtrain_rows(data)
+    folds = fit.host_folds(rows, load_calibration())
+    groups: dict[tuple[Any, ...], list[tuple[float, float]]] = defaultdict(list)
     lines = []
     for r in rows:
-        key = (r["num_layers"], r["hidden"], r["heads"], r["seq_len"], r["gbs"], r["num_gpus"])
-        h = int(r["hidden"])
-        try:
-            cfg = _gpt(layers=int(r["num_layers"]), hidden=h, ffn=4 * h, heads=int(r["heads"]),
-                       head_dim=None, seq=int(r["seq_len"]), gbs=int(r["gbs"]),
-                       mbs=int(r["mbs"]), tp=int(r["tp"]), pp=int(r["pp"]), vp=1,
-                       gpus=int(r["num_gpus"]), gpu="A100-80GB",
-                       recompute="full" if r["activation_recompute_simcfg"] == "true" else "none",
-                       sp=False)
-            pred = estimate_step_time(cfg).step_time_s
-        except (ConfigError, ValueError) as exc:
-            skipped[str(exc).split(":")[0][:60]] += 1
-            continue
-        groups[key].append((pred, float(r["step_time_s"])))
-        lines.append([*key, r["tp"], r["dp"], r["pp"], r["mbs"], r["step_time_s"],
-                      round(pred, 4)])
+        m, t = r.derived.cfg.model, r.derived.cfg.train
+        key = (m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length,
+               t.global_batch_size, r.num_gpus)
+        pred = fit.predict_step_time_s(r.derived, gpu=r.spec, calibration=folds[r.family])
+        groups[key].append((pred, r.measured_s))
+        lines.append([*key, r.derived.tp, r.derived.dp, r.derived.pp, t.micro_batch_size,
+                      r.measured_s, round(pred, 4)])
     agree = total = 0
     scored = 0
     for g in groups.values():
@@ -207,8 +174,10 @@ def vtrain(data: Path, out: Path) -> None:
         agree += a
         total += t
     errs = [abs(p / m - 1) for g in groups.values() for p, m in g]
+    hosts = ", ".join(f"{k} {c.layer_host_us:,.0f} us" for k, c in sorted(folds.items()))
     print(f"== vTrain single-node (A100-80GB assumed, fp16, full recompute): {len(lines)} rows "
-          f"in {scored} groups of >= 2, {sum(skipped.values())} skipped {dict(skipped)}")
+          f"in {scored} groups of >= 2; host launch floor fitted on the other width "
+          f"({hosts})")
     print(f"   pairwise order agreement {agree}/{total} = {100 * agree / max(total, 1):.1f} % "
           f"(target 85 %); step time |error| median {100 * statistics.median(errs):.1f} % "
           "(small models: fixed costs dominate)")

@@ -22,10 +22,13 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mbridge_perf.config.derived import Derived, derive
+from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.gpus import GPUSpec, lookup_gpu
 from mbridge_perf.config.load import load_config
+from mbridge_perf.config.model import TrainingConfig
 from mbridge_perf.steptime.calibration import CALIBRATION_FILE, Calibration
 from mbridge_perf.steptime.fit import FITTED, fit, get, relevant
 from mbridge_perf.steptime.model import predict_step_time_s
@@ -105,6 +108,78 @@ def bridge_rows(data: Path = SHARED) -> tuple[list[Row], dict[str, int]]:
     return rows, skipped
 
 
+def gpt_config(*, layers: int, hidden: int, ffn: int, heads: int, head_dim: int | None,
+               seq: int, gbs: int, mbs: int, tp: int, pp: int, vp: int, gpus: int, gpu: str,
+               recompute: str, sp: bool) -> TrainingConfig:
+    """A plain GPT (the vTrain and Korthikanti rows' models) as a Bridge config."""
+    model: dict[str, Any] = {
+        "num_layers": layers, "hidden_size": hidden, "ffn_hidden_size": ffn,
+        "num_attention_heads": heads, "seq_length": seq, "vocab_size": 51200,
+        "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+        "sequence_parallel": sp and tp > 1,
+    }
+    if head_dim:
+        model["kv_channels"] = head_dim
+    if vp > 1:
+        model["virtual_pipeline_model_parallel_size"] = vp
+    if recompute == "full":
+        model |= {"recompute_granularity": "full", "recompute_method": "uniform",
+                  "recompute_num_layers": 1}
+    elif recompute == "selective":
+        model |= {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
+    data = {"model": model, "train": {"global_batch_size": gbs, "micro_batch_size": mbs},
+            "mixed_precision": "fp16_mixed",
+            "optimizer": {"use_distributed_optimizer": False},
+            "cluster": {"num_gpus": gpus, "gpu": gpu}}
+    return load_config(data=data)
+
+
+VTRAIN_GPU = "A100-80GB"
+
+
+def vtrain_rows(data: Path = SHARED) -> list[Row]:
+    """vTrain's single-node runs (A100, Megatron-DeepSpeed, fp16) as rows; family = the
+    model's width ("vtrain-h1024" / "vtrain-h2048"), so a fold predicts one width from the
+    other. Rows whose layout does not build are left out."""
+    out = []
+    spec = lookup_gpu(VTRAIN_GPU)
+    with (data / "steptime" / "vtrain_single.csv").open(encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            h = int(r["hidden"])
+            try:
+                cfg = gpt_config(layers=int(r["num_layers"]), hidden=h, ffn=4 * h,
+                                 heads=int(r["heads"]), head_dim=None, seq=int(r["seq_len"]),
+                                 gbs=int(r["gbs"]), mbs=int(r["mbs"]), tp=int(r["tp"]),
+                                 pp=int(r["pp"]), vp=1, gpus=int(r["num_gpus"]),
+                                 gpu=VTRAIN_GPU, sp=False,
+                                 recompute="full" if r["activation_recompute_simcfg"] == "true"
+                                 else "none")
+                derived = derive(cfg)
+            except (ConfigError, ValueError):
+                continue
+            out.append(Row(recipe=r["sim_config"] or "vtrain", release="", model="gpt",
+                           family=f"vtrain-h{h}", gpu=VTRAIN_GPU, num_gpus=int(r["num_gpus"]),
+                           precision="fp16", measured_s=float(r["step_time_s"]),
+                           derived=derived, spec=spec))
+    return out
+
+
+HOST = ("layer_host_us",)
+
+
+def fit_host(rows: list[Row], cal: Calibration) -> Calibration:
+    """The host launch floor fitted on vTrain's step times (every third row: the small models
+    where it binds), the rest of ``cal`` kept. Bridge's recipes never reach it."""
+    return fit(rows[::3], start=cal, names=HOST)
+
+
+def host_folds(rows: list[Row], cal: Calibration) -> dict[str, Calibration]:
+    """vTrain family -> ``cal`` with the host floor fitted on the other family (out of
+    sample for the ranking figure)."""
+    return {fam: fit_host([r for r in rows if r.family != fam], cal)
+            for fam in sorted({r.family for r in rows})}
+
+
 def fold_calibrations(rows: list[Row]) -> dict[str, Calibration]:
     """Family -> the calibration fitted on every other family's rows (k-fold by family)."""
     return {fam: fit([r for r in rows if r.family != fam])
@@ -135,15 +210,16 @@ def build(data: Path = SHARED, band: float | None = None) -> dict[str, object]:
     if band is None:
         oos = cross_validate(rows)
         band = round(quantile([abs(e) for e in oos.values()], 0.8), 4)
-    cal = fit(rows)
+    cal = fit_host(vtrain_rows(data), fit(rows))
     cal = cal.model_copy(update={
         "band_frac": band,
-        "fitted": [n for n in FITTED if relevant(n, rows)],
+        "fitted": [n for n in FITTED if relevant(n, rows)] + list(HOST),
         "rows": [{"recipe_dump": r.recipe, "release": r.release, "gpu": r.gpu,
                   "num_gpus": str(r.num_gpus), "precision": r.precision} for r in rows],
         "source": "scripts/fit_steptime.py on ../shared/data/steptime/bridge_perf_summary.csv "
                   f"({len(rows)} rows, dump_layout_matches=yes, newest release per model/GPU/"
-                  "GPUs/precision); unfitted values are seeds from step-time-model.md §7",
+                  "GPUs/precision); layer_host_us on every third row of vtrain_single.csv; "
+                  "unfitted values are seeds from step-time-model.md §7",
     })
     return json.loads(cal.model_dump_json())
 

@@ -24,7 +24,8 @@ def plain(**over: object) -> Calibration:
             for g in ("ampere", "hopper", "blackwell", "blackwell_ultra")}
     base = dict(generations=gens, grouped_gemm_factor=1.0, attn_eff=0.5, ep_exposed=0.0,
                 layer_overhead_us=0.0, tp_exposed=0.0, cp_exposed=0.0, pp_exposed=0.0,
-                dp_exposed=0.0, hbm_eff=1.0, coll_latency_us=0.0, coll_hop_us=0.0)
+                dp_exposed=0.0, hbm_eff=1.0, coll_latency_us=0.0, coll_hop_us=0.0,
+                layer_host_us=0.0)
     return Calibration(**(base | over))
 
 
@@ -208,3 +209,17 @@ def test_ep_across_nodes_splits_copies_between_nvlink_and_the_nic() -> None:
     remote = 2 * 3 / 4 * per_copy / _bw(spec, 32, cal)  # 3 of 4 nodes are remote
     assert remote > local
     assert term(rep, "exposed comm: EP") == pytest.approx(max(local, remote), rel=1e-9)
+
+
+def test_a_layer_shorter_than_its_launch_waits_for_the_host() -> None:
+    """The host floor: per layer and micro-batch, max(GPU work, layer_host_us)."""
+    small = gpt(layers=2, gbs=4)  # 4 micro-batches of a 2-layer model
+    gpu = estimate_step_time(small, calibration=plain()).step_time_s
+    host = gpu  # far above one layer's GPU work
+    a, b = (estimate_step_time(small, calibration=plain(layer_host_us=x * 1e6))
+            for x in (host, 2 * host))
+    # both bind: each extra second of launch time costs every layer of every micro-batch
+    assert term(b, "other (host/launch)") - term(a, "other (host/launch)") == \
+        pytest.approx(4 * 2 * host, rel=1e-9)
+    tiny = estimate_step_time(small, calibration=plain(layer_host_us=gpu * 1e6 / 1000))
+    assert term(tiny, "other (host/launch)") == 0.0

@@ -54,6 +54,11 @@ class Calibration(BaseModel):
     Qwen3-30B-A3B EP16 41.25 s -> 31.31 s)."""
     layer_overhead_us: float = Field(ge=0)
     """Host/launch time per layer per micro-batch (fwd+bwd) not hidden by the GPU."""
+    layer_host_us: float = Field(1000.0, ge=0)
+    """Host time to launch one layer's kernels for one micro-batch (forward and backward): a
+    layer whose GPU work is shorter waits for the host (small models, small micro-batches).
+    Seed: ~100 kernels x ~10 us; fitted on vTrain's small GPTs (Megatron-DeepSpeed, A100),
+    the only rows where it binds - Bridge's recipes have layers of several ms."""
     graph_overhead_factor: float = Field(0.3, ge=0, le=1)
     """Share of that overhead left with CUDA graphs on (seed)."""
     tp_exposed: float = Field(0.25, ge=0, le=1)

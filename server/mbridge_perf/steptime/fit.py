@@ -39,7 +39,7 @@ FITTED = ("gen.hopper.gemm_eff_fp8", "gen.blackwell.gemm_eff_fp8", "gen.blackwel
           "layer_overhead_us")
 BOUNDS = {"grouped_gemm_factor": (0.1, 1.5), "ep_exposed": (0.0, 1.0), "ssm_eff": (0.002, 1.0),
           "cp_exposed": (0.0, 1.0),
-          "layer_overhead_us": (0.0, 5000.0)}
+          "layer_overhead_us": (0.0, 5000.0), "layer_host_us": (0.0, 20000.0)}
 
 
 def get(cal: Calibration, name: str) -> float:
@@ -66,7 +66,8 @@ def log_errors(cal: Calibration, rows: list[Sample]) -> list[float]:
 HUBER_DELTA = 0.1  # log error at which the loss turns from quadratic to linear
 PRIOR_WEIGHT = 0.03
 # parameters that may sit at or near zero: their prior distance is taken after this offset
-_PRIOR_OFFSET = {"layer_overhead_us": 20.0, "ep_exposed": 0.1, "cp_exposed": 0.1}
+_PRIOR_OFFSET = {"layer_overhead_us": 20.0, "layer_host_us": 100.0, "ep_exposed": 0.1,
+                 "cp_exposed": 0.1}
 
 
 def prior(cal: Calibration, start: Calibration, names: tuple[str, ...]) -> float:

@@ -346,6 +346,7 @@ class _Ctx:
     ep_time: float
     tp_exp: float
     overhead: float
+    host: float
     chunk_len: int
 
 
@@ -390,12 +391,14 @@ def _setup(cfg: TrainingConfig | Derived, gpu: str | GPUSpec | None,
         tp_exp=cal.tp_exposed if d.cfg.overlap.tp_comm_overlap else cal.tp_exposed_no_overlap,
         overhead=cal.layer_overhead_us * 1e-6 * (cal.graph_overhead_factor if d.graphs.on
                                                  else 1.0),
+        host=cal.layer_host_us * 1e-6 * (cal.graph_overhead_factor if d.graphs.on else 1.0),
         chunk_len=max(1, max(max(c) for c in d.layers_per_chunk or [[1]])))
 
 
 def _layer_terms(c: _Ctx, lw: LayerWork, n: int, terms: dict[str, float]) -> None:
     """Phase 2a: one kind of layer, ``n`` of them, into the stage's per-micro-batch terms."""
     d, cal, tok, h = c.d, c.cal, c.tok, c.d.cfg.model.hidden_size or 0
+    before = sum(terms.values())
     # GEMM-size efficiency: a layer's typical GEMM (forward, one of ~4 projections)
     f_gemm = tok * (lw.attn_linear + lw.dense_mlp) / 12
     size_eff = f_gemm / (f_gemm + cal.gemm_half_flops) if f_gemm > 0 else 1.0
@@ -425,7 +428,9 @@ def _layer_terms(c: _Ctx, lw: LayerWork, n: int, terms: dict[str, float]) -> Non
         terms["cp"] += n * 3 * (d.cp - 1) * (kv / c.cp_bw + _latency(cal, 2)) * cal.cp_exposed
     if lw.moe and d.ep > 1:
         terms["ep"] += n * c.ep_time
-    terms["other"] += n * c.overhead
+    # the host launches a layer's kernels in c.host: a layer with less GPU work waits for it
+    gpu = (sum(terms.values()) - before) / n
+    terms["other"] += n * (c.overhead + max(0.0, c.host - gpu))
 
 
 def _latency(cal: Calibration, ranks: int) -> float:
@@ -525,8 +530,10 @@ _TERM_NAMES = {
                                "EP x ETP <= domain, else copies within the node over NVLink "
                                "and to other nodes over one NIC per GPU, concurrently"),
     "pp": ("exposed comm: PP", "send/recv per chunk boundary"),
-    "other": ("other (host/launch)", "fixed overhead per layer and micro-batch, less "
-                                     "with CUDA graphs"),
+    "other": ("other (host/launch)", "fixed overhead per layer and micro-batch, and the "
+                                     "wait for the host where a layer's GPU work is shorter "
+                                     "than launching it (layer_host_us); less with CUDA "
+                                     "graphs"),
 }
 
 

@@ -128,7 +128,9 @@ _PREFIX = re.compile(
     r"\b(?:do not|don't|dont|does not|doesn't|never|avoid(?:ing)?|instead of|rather than|not|no|"
     r"without|nor|neither|reject(?:ed)?|against|stop|drop|disable|turn off|switch off|remove|"
     r"skip|cannot|can't|won't|will not|wrong|myth|bad idea|refuse[sd]?|forbid(?:den)?|"
-    r"do not use|unsafe)\b|[❌✗🚫]")
+    r"do not use|unsafe)\b|[❌✗🚫]"
+    # "leave core_attn out", "keep X out of the list": the object sits between verb and "out"
+    r"|\b(?:leave|keep)\b(?=(?: [^ ;.,]{1,40}){1,3} out\b)")
 _SUFFIX = re.compile(
     r"\b(?:blocked|incompatible|unsupported|not supported|not possible|impossible|is not|are not|"
     r"isn't|aren't|should not|shouldn't|must not|does not|doesn't|do not|did not|didn't|won't|"

@@ -492,6 +492,11 @@ ODD: list[dict[str, Any]] = [
     {"model": M, "dataset": {"packed_sequence_specs": {"packed_sequence_size": True},
                              "seq_length": "long", "offline_packing_specs": 3}},
     {"model": M, "mixed_precision": "no_such_recipe", "cluster": {"gpu": "Z9000"}},
+    # a catalogued GPU whose compute capability is unpublished (Rubin: sm null)
+    {"model": {**MOE, **FLEX, "moe_flex_dispatcher_backend": "hybridep"},
+     "cluster": {"gpu": "VR200"}},
+    {"model": {**MOE, **FLEX, "moe_flex_dispatcher_backend": "deepep"},
+     "cluster": {"gpu": "VR200"}},
     {"model": M, "mixed_precision": {"fp8_margin": "x", "fp8": "hybrid",
                                      "first_last_layers_bf16": True, "fp8_recipe": "tensorwise"},
      "optimizer": {"main_grads_dtype": object(), "optimizer": "lion"}},

@@ -44,6 +44,8 @@ def _flag(c: TrainingConfig, name: str) -> Any:
 def _backend_supported(backend: str | None, gpu: GPUSpec) -> bool:
     """Bridge's architecture check: DeepEP on sm80 / sm90 and the B200 / B300 boards (not the
     GB200 / GB300 racks); HybridEP on Ampere, Hopper and Blackwell (major 8, 9, 10)."""
+    if gpu.sm is None:  # a GPU whose compute capability is unpublished (Rubin): no verdict
+        return True
     if backend == "deepep":
         return gpu.sm in (80, 90) or gpu.family in ("b200", "b300")
     if backend == "hybridep":

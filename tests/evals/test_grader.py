@@ -170,3 +170,21 @@ def test_an_unbroken_answer_is_judged_in_bounded_units() -> None:
     units, _ = split_units(text)
     assert len(units) > 90 and all(len(u.text) <= MAX_UNIT_CHARS for u in units)
     assert " ".join(u.text for u in units).split() == text.split()  # cut at spaces, no loss
+
+
+def test_claims_are_read_in_the_claim_window_and_the_verdict_says_so() -> None:
+    """Real answers are a few KB; a claim buried after 32,000 characters of filler is not read
+    (bounded cost), and the passing verdict names the window it read."""
+    from mbridge_perf.evals.checks import CLAIM_WINDOW_CHARS
+
+    card = get_skill(REPO, "nemo-mbridge-perf-memory-tuning").card
+    wrong = "Layer CPU offloading works fine with pipeline parallelism, so enable it at PP=4."
+    early = grade_skill(card, parse_answer(wrong + "\n\n"), "nemo-mbridge-perf-memory-tuning")
+    filler = "\n\n".join(["Measured the steady window again and wrote it down."] * 1000)
+    assert len(filler) > CLAIM_WINDOW_CHARS
+    late = grade_skill(card, parse_answer(filler + "\n\n" + wrong),
+                       "nemo-mbridge-perf-memory-tuning")
+    verdict = {e.check: e for e in early.expectations}["misconceptions"]
+    assert not verdict.passed
+    verdict = {e.check: e for e in late.expectations}["misconceptions"]
+    assert verdict.passed and f"{CLAIM_WINDOW_CHARS:,} characters" in verdict.evidence

@@ -159,19 +159,39 @@ def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist", 
     return out
 
 
+# Claims are read in an answer's first this-many characters: every card's ~100 claim patterns
+# over the whole text is what a 200 KB answer spends its time on, and no real answer is near.
+CLAIM_WINDOW_CHARS = 32_000
+
+
+def _claim_window(units: list[Any]) -> tuple[list[Any], bool]:
+    """The units inside the claim window, and whether any were left out."""
+    total = 0
+    for k, u in enumerate(units):
+        total += len(u.norm)
+        if total > CLAIM_WINDOW_CHARS:
+            return units[:k], True
+    return units, False
+
+
 def no_misconceptions(a: Answer, card: dict[str, Any] | None, terms: list[str], *,
                       omissions: bool = True) -> Expectation:
     """The answer asserts none of the wrong claims / wrong first steps the card lists."""
     items = misconceptions(card or {})
     terms = terms + [t for i in (card or {}).get("answer_checklist", [])
                      if i.get("kind", "recommend") == "recommend" for t in i["match"]]
-    found: list[Any] = find_misconceptions(card or {}, a.units, terms, omissions=omissions)
-    found += arithmetic_errors(a.units)
-    found += formula_errors(a.units)
+    units, cut = _claim_window(a.units)
+    # an omission is judged on the whole answer, so not when its end was left unread
+    found: list[Any] = find_misconceptions(card or {}, units, terms,
+                                           omissions=omissions and not cut)
+    found += arithmetic_errors(units)
+    found += formula_errors(units)
     text = "asserts none of the skill's misconceptions and no wrong arithmetic"
     if not found:
-        return Expectation(text, True, f"none of {len(items)} misconceptions asserted; stated "
-                                       "arithmetic checks out", "misconceptions", critical=True)
+        read = f" (read in its first {CLAIM_WINDOW_CHARS:,} characters)" if cut else ""
+        return Expectation(text, True, f"none of {len(items)} misconceptions asserted{read}; "
+                                       "stated arithmetic checks out", "misconceptions",
+                           critical=True)
     return Expectation(text, False, " | ".join(f.evidence for f in found[:3]),
                        "misconceptions", critical=True)
 

@@ -3,7 +3,9 @@
 Data (only): ../shared/data/steptime/bridge_perf_summary.csv rows with a recipe dump whose
 layout is the table's (``dump_layout_matches = yes``), a precision, not LoRA, the newest release
 per (model, GPU, GPU count, precision); the dump from ../shared/data/bridge-recipes/yaml/.
-Measured step time = GBS x seq / (tokens/s/GPU x GPUs).
+Measured step time = GBS x seq / (tokens/s/GPU x GPUs). Then the host launch floor
+(``layer_host_us``) alone on every third row of ../shared/data/steptime/vtrain_single.csv
+(small GPTs on A100, the only rows where it binds).
 
 Method: steptime/fit.py (robust loss on log errors plus a pull towards the seeds' public
 figures). Out-of-sample figures: k-fold by model family (fit on the other families, predict

@@ -32,7 +32,7 @@ from mbridge_perf.config.gpus import GPUSpec, lookup_gpu
 from mbridge_perf.config.load import load_config
 from mbridge_perf.config.model import TrainingConfig
 from mbridge_perf.steptime.calibration import CALIBRATION_FILE, Calibration
-from mbridge_perf.steptime.fit import FITTED, fit, get, relevant
+from mbridge_perf.steptime.fit import FITTED, HOST, fit, get, relevant
 from mbridge_perf.steptime.model import predict_step_time_s
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,9 +164,6 @@ def vtrain_rows(data: Path = SHARED) -> list[Row]:
                            precision="fp16", measured_s=float(r["step_time_s"]),
                            derived=derived, spec=spec))
     return out
-
-
-HOST = ("layer_host_us",)
 
 
 def fit_host(rows: list[Row], cal: Calibration) -> Calibration:

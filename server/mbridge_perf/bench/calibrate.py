@@ -25,7 +25,7 @@ from mbridge_perf.config.gpus import GPUSpec, lookup_gpu
 from mbridge_perf.config.load import load_config
 from mbridge_perf.steptime import load_calibration, predict_step_time_s
 from mbridge_perf.steptime.calibration import user_calibration_path
-from mbridge_perf.steptime.fit import FITTED, fit, get
+from mbridge_perf.steptime.fit import FITTED, HOST, fit, get
 
 MIN_RUNS = 2
 FEW_RUNS = 8  # below this many runs only GEMM efficiencies, the layer overhead and host floor move
@@ -113,9 +113,9 @@ def calibrate(registry: Registry | None = None, out: Path | None = None,
                              f"{MIN_RUNS} needed - run benchmarks with submit_benchmark, judge "
                              "them with benchmark_result, then calibrate")
     start = load_calibration()
-    names = (*FITTED, "layer_host_us") if len(rows) >= FEW_RUNS else tuple(
-        n for n in (*FITTED, "layer_host_us")
-        if n.startswith("gen.") or n in ("layer_overhead_us", "layer_host_us"))
+    every = (*FITTED, *HOST)
+    names = every if len(rows) >= FEW_RUNS else tuple(
+        n for n in every if n.startswith("gen.") or n in ("layer_overhead_us", *HOST))
     after = fit(rows, start, names)  # type: ignore[arg-type]
     moved = [n for n in names if get(after, n) != get(start, n)]
     path = out or user_calibration_path()

@@ -40,3 +40,25 @@ def test_model_flops_match_bridge_tables() -> None:
     # a 7·d_in·N scan), not as the layer's real GEMMs (7 % fewer on Nemotron-3 Nano)
     hybrid = [abs(v) for k, v in diffs.items() if "nemotron" in k]
     assert hybrid and max(hybrid) < 0.015
+
+
+@requires_shared_data
+def test_mtp_times_the_real_layer_and_counts_bridges_convention() -> None:
+    """A hybrid ending on a Mamba layer: its MTP copy is timed by the layer's real GEMMs and
+    counted in model FLOPs as Bridge's hybrid helper counts it."""
+    from mbridge_perf.config.load import load_config
+    from mbridge_perf.memory.params import mtp_layers
+    from mbridge_perf.steptime.model import model_work
+
+    dump = DATA / "bridge-recipes" / "yaml" / \
+        "nemotron_3_5_lightning_pretrain_8gpu_b200_fp8mx_config.yaml"
+    pattern = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEMEM"  # ends on M
+    cfg = load_config(file=dump, overrides=[
+        "cluster.num_gpus=8", "cluster.gpu=b200", f"model.hybrid_layer_pattern={pattern}",
+        f"model.num_layers={len(pattern)}"])
+    work = model_work(cfg.model, cfg.model.seq_length)
+    last, h, n = work.layers[-1], cfg.model.hidden_size, mtp_layers(cfg.model)
+    real = last.attn_linear + last.attn_core + last.ssm_core + last.dense_mlp + last.experts
+    assert n >= 1 and last.ssm_core > 0 and last.counted != real
+    assert work.mtp == n * (real + 12.0 * h * h)
+    assert work.mtp_counted == n * (last.counted + 12.0 * h * h)

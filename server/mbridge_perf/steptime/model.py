@@ -88,6 +88,7 @@ class ModelWork:
     layers: tuple[LayerWork, ...]
     logits: float  # per token, incl. MTP heads
     mtp: float  # per token, MTP layers' bodies
+    mtp_counted: float  # the same as Bridge's model-FLOP convention counts it
     kv_dim: int  # K/V width per token (for CP)
     dense_params: int
     expert_params: int
@@ -200,16 +201,18 @@ def _build_work(m: ModelSection, seq: int) -> ModelWork:
     vocab = vocab_rows(m, tp=1)
     logits = 6.0 * h * vocab * (1 + n_mtp)
     last = layers[-1] if layers else None
-    mtp = 0.0
+    mtp = mtp_counted = 0.0
     if n_mtp and last is not None:
-        mtp = n_mtp * (last.counted + 6.0 * 2 * h * h)
+        real = last.attn_linear + last.attn_core + last.ssm_core + last.dense_mlp + last.experts
+        mtp, mtp_counted = (n_mtp * (x + 6.0 * 2 * h * h) for x in (real, last.counted))
     heads = m.num_attention_heads or 1
     groups = m.num_query_groups or heads
     kv = 2 * groups * (m.kv_channels or h // heads)
     if any(k.mixer == "mla" for k in kinds):
         kv = m.kv_lora_rank + m.qk_pos_emb_head_dim
     pc = count_params(m, tp=1)
-    return ModelWork(layers=tuple(layers), logits=logits, mtp=mtp, kv_dim=kv,
+    return ModelWork(layers=tuple(layers), logits=logits, mtp=mtp, mtp_counted=mtp_counted,
+                     kv_dim=kv,
                      dense_params=pc.total - pc.routed_experts,
                      expert_params=pc.routed_experts)
 
@@ -543,7 +546,7 @@ def _report(c: _Ctx, step: float, per_mb: dict[str, float], bubble: float, dp_ex
     """Phase 4: the report: throughput in NVIDIA's model-FLOP convention, the breakdown."""
     d, work, mb, world = c.d, c.work, c.d.num_microbatches or 1, c.d.world_size or 1
     tokens = (d.cfg.train.global_batch_size or 0) * (d.cfg.model.seq_length or 0)
-    per_token = sum(lw.counted for lw in work.layers) + work.logits + work.mtp
+    per_token = sum(lw.counted for lw in work.layers) + work.logits + work.mtp_counted
     flops = per_token * tokens
     tflops = flops / step / world / 1e12
     breakdown = [Term(name=_TERM_NAMES[k][0], seconds=mb * v, share=mb * v / step,

@@ -147,7 +147,7 @@ def test_a_negative_case_fails_an_answer_that_claims_the_skill() -> None:
     assert grade_case(case, card, fine, MEMORY).passed
 
 
-def test_skill_grade_needs_every_checklist_item_in_the_card_order() -> None:
+def test_skill_grade_needs_its_recommendations_in_the_card_order() -> None:
     card = get_skill(REPO, MEMORY).card
     good = ("1. Export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.\n"
             "2. If it still OOMs, use selective recompute with layernorm.\n"
@@ -159,6 +159,23 @@ def test_skill_grade_needs_every_checklist_item_in_the_card_order() -> None:
     g = grade_skill(card, parse_answer(swapped), MEMORY)
     assert not g.passed
     assert any("order" in e.text and not e.passed for e in g.expectations)
+
+
+def test_a_narrow_answer_is_not_failed_for_the_steps_it_leaves_out() -> None:
+    """The grader does not see the question: a pushback that names one knob's real effect
+    passes, the checklist steps it skips are reported (counted=False), and the same pushback
+    with a wrong claim in it still fails."""
+    card = get_skill(REPO, MEMORY).card
+    narrow = ("Keep that line out of the wiki. The job stopped failing because the allocator "
+              "change (expandable_segments:True) removed the fragmentation; the VPP bump in the "
+              "same commit raised the peak a little. Interleaving is a bubble knob.")
+    g = grade_skill(card, parse_answer(narrow), MEMORY)
+    assert g.passed, [e.evidence for e in g.expectations if not e.passed]
+    skipped = [e for e in g.expectations if not e.passed]
+    assert skipped and all(not e.counted and not e.critical for e in skipped)
+    assert g.summary.total == len([e for e in g.expectations if e.counted])
+    wrong = narrow + " Next time, switch to FP8 as well: it saves activation memory."
+    assert not grade_skill(card, parse_answer(wrong), MEMORY).passed
 
 
 def test_an_unbroken_answer_is_judged_in_bounded_units() -> None:

@@ -83,7 +83,8 @@ def _print_grade(grade: Grade, as_json: bool) -> None:
             e.model_dump() for e in grade.expectations]}, indent=2))
         return
     for e in grade.expectations:
-        flag = "PASS" if e.passed else ("FAIL*" if e.critical else "FAIL")
+        flag = ("PASS" if e.passed else "NOTE" if not e.counted
+                else "FAIL*" if e.critical else "FAIL")
         print(f"[{flag}] {e.text}\n        {e.evidence}")
     s = grade.summary
     print(f"{'PASSED' if grade.passed else 'FAILED'} {grade.target}: {s.passed}/{s.total} "

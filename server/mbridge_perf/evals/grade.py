@@ -21,6 +21,9 @@ class GradedExpectation(BaseModel):
     evidence: str = Field(description="the answer span (or JSON value) it was judged on")
     check: str = Field(description="kind of check, as named in checks.critical")
     critical: bool = Field(description="a failure fails the answer whatever else passes")
+    counted: bool = Field(default=True, description="part of the verdict; false: reported for "
+                                                    "the reader only (a skill-checklist step "
+                                                    "the answer leaves out)")
 
 
 class Summary(BaseModel):
@@ -87,14 +90,17 @@ def _case_expectations(case: dict[str, Any], card: dict[str, Any] | None, answer
     return out
 
 
-def _verdict(target: str, exps: list[Expectation], critical: set[str]) -> Grade:
+def _verdict(target: str, exps: list[Expectation], critical: set[str],
+             advisory: frozenset[str] = frozenset()) -> Grade:
     graded = [GradedExpectation(text=e.text, passed=e.passed, evidence=e.evidence,
-                                check=e.check,
-                                critical=e.critical or e.check in critical
-                                or e.check.split(".")[0] in critical)
+                                check=e.check, counted=e.check not in advisory,
+                                critical=e.check not in advisory and (
+                                    e.critical or e.check in critical
+                                    or e.check.split(".")[0] in critical))
               for e in exps]
-    n_pass = sum(e.passed for e in graded)
-    total = len(graded)
+    counted = [e for e in graded if e.counted]
+    n_pass = sum(e.passed for e in counted)
+    total = len(counted)
     rate = n_pass / total if total else 1.0
     failed_critical = [e.text for e in graded if e.critical and not e.passed]
     return Grade(target=target, passed=not failed_critical and rate >= PASS_THRESHOLD,
@@ -113,11 +119,16 @@ def grade_case(case: dict[str, Any], card: dict[str, Any] | None, answer: Answer
 
 
 def grade_skill(card: dict[str, Any], answer: Answer, skill: str) -> Grade:
-    """Against the skill's whole answer checklist, for a question not in evals.json: every
-    item present, the recommendations in the card's order, only real knobs."""
+    """Against the skill's answer checklist, for a question not in evals.json, which the grader
+    does not see: the recommendations it makes in the card's order, only real knobs, none of
+    the card's misconceptions. Which checklist steps the answer covers is reported but not
+    judged: a correct answer to a narrow question, a diagnosis or a pushback rightly leaves most
+    steps out, and the steps a whole answer must not skip are the card's ``omission``
+    misconceptions."""
     items = card["answer_checklist"]
     exps = ck.checklist(answer, items, lenient_order=True)
     exps.append(ck.valid_keys(answer))
     if card.get("misconceptions"):
         exps.append(ck.no_misconceptions(answer, card, _vocab({}, items)))
-    return _verdict(f"skill:{skill}", exps, {"checklist.order", "valid_keys_only"})
+    return _verdict(f"skill:{skill}", exps, {"checklist.order", "valid_keys_only"},
+                    advisory=frozenset({"checklist"}))

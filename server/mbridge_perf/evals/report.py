@@ -51,7 +51,8 @@ def junit(report: RunReport, path: Path) -> None:
             ET.SubElement(tc, "skipped", message=o.note[:500])
         elif o.grade is not None:
             ET.SubElement(tc, "system-out").text = "\n".join(
-                f"[{'PASS' if e.passed else 'FAIL'}] {e.text} — {e.evidence}"
+                f"[{'PASS' if e.passed else 'NOTE' if not e.counted else 'FAIL'}] {e.text} — "
+                f"{e.evidence}"
                 for e in o.grade.expectations)
     for suite in suites.values():
         cases = suite.findall("testcase")

@@ -19,6 +19,9 @@ A card entry::
                               # it ("mlp" before any other recompute module)
       context: [<regex>]      # every regex must hit somewhere in the answer (its layout:
                               # "PP=4"), e.g. for "enable cpu_offloading" with PP > 1
+      absent: [<regex>]       # no regex may hit anywhere in the answer: wrong only when the
+                              # answer never says it ("recompute_granularity=full" with no
+                              # recompute_method / recompute_num_layers anywhere)
     kind: omission            # wrong by leaving out: no unit says any of match
       examples: {asserts: [...], rejects: [...]}   # sentences the tests run through the grader
 
@@ -77,7 +80,10 @@ _ADVICE = re.compile(
     r"you could|need to|go straight|straight to|first step|start with|start by|the fix is|"
     r"answer is|best (?:fix|option|lever)|quickest|fastest|easiest|cheapest|simplest|would be|"
     r"my first|first move|first thing|would try|go for|opt for|pick|choose|turn on|consider|"
-    r"worth (?:trying|enabling)|we would|you will want|the way to go|you want to|plan)\b")
+    r"worth (?:trying|enabling)|we would|you will want|the way to go|you want to|plan)\b"
+    # a config line of a code block that sets a key ("cfg.model.cpu_offloading = true"); a
+    # key set to none / false / 0 turns it off
+    r"|^[a-z_]\w{0,20}(?:\.\w{1,60}){1,4} ?= ?(?!none\b|false\b|0\b|\[\])")
 # "Recompute: full, recompute_granularity=full" — a terse label line is advice for what follows
 # its colon closely.
 _LABEL_LEAD = re.compile(r"^(?:\d+[.)] ?)?[a-z][\w /-]{0,30}: ")
@@ -99,6 +105,7 @@ class Misconception:
     number: tuple[float, float] | None = None
     first_among: tuple[re.Pattern[str], ...] = ()
     context: tuple[re.Pattern[str], ...] = ()
+    absent: tuple[re.Pattern[str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -153,7 +160,8 @@ def _one(e: dict[str, Any]) -> Misconception:
         first=bool(e.get("first", False)),
         number=(float(num["expect"]), float(num.get("rel_tol", 0.1))) if num else None,
         first_among=tuple(re.compile(r) for r in e.get("first_among", [])),
-        context=tuple(re.compile(r) for r in e.get("context", [])))
+        context=tuple(re.compile(r) for r in e.get("context", [])),
+        absent=tuple(re.compile(r) for r in e.get("absent", [])))
 
 
 def misconceptions(card: dict[str, Any]) -> tuple[Misconception, ...]:
@@ -231,6 +239,10 @@ def find_misconceptions(card: dict[str, Any], units: list[Unit],
     bodies = _step_bodies(units)
     for m in items:
         if m.context and not all(any(rx.search(u.norm) for u in units) for rx in m.context):
+            continue
+        # judged on the whole answer, like an omission: not when its end was left unread
+        if m.absent and (not omissions or any(rx.search(u.norm) for u in units
+                                              for rx in m.absent)):
             continue
         if m.kind == "omission":
             if omissions and units and _omitted(m, units):

@@ -122,6 +122,19 @@ def order(a: Answer, pairs: list[list[str]]) -> list[Expectation]:
     return out
 
 
+# A recommendation that says it goes before everything else, wherever it stands in the text
+# ("Before any of these, set X", "set X first."): for the lenient order it comes first.
+_PUT_FIRST = re.compile(
+    r"\bbefore (?:any|all|each|either|every one) of (?:these|this|them|those|the (?:above|options|"
+    r"steps|three|two))\b|\bbefore (?:anything|everything) else\b|\bfirst of all\b"
+    r"|\bbefore (?:you )?(?:touch|try|chang|pick|reach)\w* (?:any|anything|a |the |for )"
+    r"|\b(?:set|export|fix|check|apply|enable|confirm|add) [^.;]{1,80} first(?= ?(?:[.;:!)]|$))")
+
+
+def _put_first(m: Match) -> bool:
+    return bool(_PUT_FIRST.search(m.unit.norm))
+
+
 def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist", *,
               lenient_order: bool = False) -> list[Expectation]:
     """Each item present (recommended when kind=recommend), recommendations in card order.
@@ -142,6 +155,9 @@ def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist", 
         if rec and hits:
             ranks.append((item["id"], hits[0].rank, hits[0]))
             if lenient_order:
+                first = next((m for m in hits if _put_first(m)), None)
+                if first is not None:
+                    ranks[-1] = (item["id"], (-1, -1), first)
                 ranks[-1] = (*ranks[-1], hits[-1].rank, hits[-1])
     if lenient_order and len(ranks) > 1:
         bad = [(x, y) for x, y in pairwise(ranks) if x[1] > y[3]]
@@ -183,7 +199,7 @@ def no_misconceptions(a: Answer, card: dict[str, Any] | None, terms: list[str], 
     units, cut = _claim_window(a.units)
     # an omission is judged on the whole answer, so not when its end was left unread
     found: list[Any] = find_misconceptions(card or {}, units, terms,
-                                           omissions=omissions and not cut)
+                                           omissions=omissions and not cut, whole=not cut)
     found += arithmetic_errors(units)
     found += formula_errors(units)
     text = "asserts none of the skill's misconceptions and no wrong arithmetic"

@@ -228,11 +228,13 @@ def _wrong_number(m: Misconception, hit: re.Match[str]) -> bool:
 
 def find_misconceptions(card: dict[str, Any], units: list[Unit],
                         action_terms: list[str] | None = None, *,
-                        omissions: bool = True) -> list[Finding]:
+                        omissions: bool = True, whole: bool = True) -> list[Finding]:
     """Misconceptions the answer asserts, in the order of the card. ``action_terms`` are the
     terms of every recommendation the skill knows (for ``first`` misconceptions: a wrong step
     is only wrong when nothing else is recommended before it). ``omissions``: also report the
-    steps a whole answer must not leave out (off for a case's narrower question)."""
+    steps a whole answer must not leave out (off for a case's narrower question). ``whole``:
+    ``units`` are the whole answer (else a claim wrong only by what the answer never says,
+    ``absent``, is not judged)."""
     out: list[Finding] = []
     items = misconceptions(card)
     first_unit, first_pos = _first_action(units, items, action_terms or [])
@@ -240,9 +242,9 @@ def find_misconceptions(card: dict[str, Any], units: list[Unit],
     for m in items:
         if m.context and not all(any(rx.search(u.norm) for u in units) for rx in m.context):
             continue
-        # judged on the whole answer, like an omission: not when its end was left unread
-        if m.absent and (not omissions or any(rx.search(u.norm) for u in units
-                                              for rx in m.absent)):
+        # judged on the whole answer: not when its end was left unread
+        if m.absent and (not whole or any(rx.search(u.norm) for u in units
+                                          for rx in m.absent)):
             continue
         if m.kind == "omission":
             if omissions and units and _omitted(m, units):

@@ -487,7 +487,13 @@ _UNIT_LATE = re.compile(
     r"(?:cannot|can't|still)|only after")
 
 
+# A config line with a trailing comment ("recompute_modules = [layernorm]  # mlp only as a last
+# resort"): the comment's cue defers what the comment names (clause-level), not the line's key.
+_CODE_COMMENT = re.compile(r"^[a-z_][\w.\[\]]{0,80} ?= ?[^#]{0,200}?(?= #)")
+
+
 def unit_is_late(norm: str) -> bool:
     """A whole unit is late advice ("only as a last resort: add mlp"); a clause-level cue
     ("FP8 is a later candidate") defers only its own matches (``is_late``)."""
-    return bool(_UNIT_LATE.search(norm))
+    code = _CODE_COMMENT.match(norm)
+    return bool(_UNIT_LATE.search(code.group(0) if code else norm))

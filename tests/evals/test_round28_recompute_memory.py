@@ -51,7 +51,8 @@ def test_a_config_line_enabling_offload_at_pp1_is_not_the_pp_claim(skill: str) -
 @pytest.mark.parametrize("text", [
     "Reserved is at 77 GB and the allocator retried 9 times, so the activations are simply too "
     "large for this layout.",
-    "The retries show a capacity problem: you need fewer activations, not an allocator setting.",
+    "The 12 retries show a capacity problem: you need fewer activations, not an allocator setting.",
+    "reserved が allocated より 25 GB 多く retries も 8 回ですが、これは容量不足です。",
 ])
 def test_the_fragmentation_signature_read_as_capacity_is_wrong(skill: str, text: str) -> None:
     assert "fragmentation-signature-read-as-capacity" in found(skill, text)
@@ -63,6 +64,8 @@ def test_the_fragmentation_signature_read_as_capacity_is_wrong(skill: str, text:
     "With expandable_segments already set and 0 retries, reserved tracks allocated: a capacity "
     "limit.",
     "Budget: 58 GiB allocated + 2-20 GiB reserved band = up to 80 GiB of the 79 GiB capacity.",
+    "Retries stayed at zero, so the stage is just full.",
+    "reserved と allocated の差が小さく retries も 0 なので、本当に容量不足です。",
 ])
 def test_a_correct_reading_of_reserved_memory_is_fine(skill: str, text: str) -> None:
     assert "fragmentation-signature-read-as-capacity" not in found(skill, text)

@@ -135,6 +135,17 @@ def _put_first(m: Match) -> bool:
     return bool(_PUT_FIRST.search(m.unit.norm))
 
 
+# A config line of a code block ("cfg.model.recompute_modules = [...]", "seq_length: 131072"):
+# the lines of one config block set keys together, in no order of advice.
+_CONFIG_LINE = re.compile(r"^(?:export )?[a-z]\w{0,40}[_.][\w.\[\]]{0,80} ?[=:] ?\S")
+
+
+def _one_config_block(a: Match, b: Match) -> bool:
+    """Both matches stand on config lines of the same code block."""
+    return (a.unit.block == b.unit.block and bool(_CONFIG_LINE.match(a.unit.norm))
+            and bool(_CONFIG_LINE.match(b.unit.norm)))
+
+
 def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist", *,
               lenient_order: bool = False) -> list[Expectation]:
     """Each item present (recommended when kind=recommend), recommendations in card order.
@@ -160,7 +171,8 @@ def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist", 
                     ranks[-1] = (item["id"], (-1, -1), first)
                 ranks[-1] = (*ranks[-1], hits[-1].rank, hits[-1])
     if lenient_order and len(ranks) > 1:
-        bad = [(x, y) for x, y in pairwise(ranks) if x[1] > y[3]]
+        bad = [(x, y) for x, y in pairwise(ranks)
+               if x[1] > y[3] and not _one_config_block(x[2], y[4])]
         evidence = ("; ".join(f"'{y[0]}' ({y[4].evidence}) comes before '{x[0]}' "
                               f"({x[2].evidence})" for x, y in bad) if bad
                     else " < ".join(f"{r[0]} ({clip(r[2].unit.text, 60)})" for r in ranks))

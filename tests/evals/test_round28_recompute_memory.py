@@ -201,3 +201,11 @@ def test_selective_given_a_layer_count() -> None:
 def test_full_granularity_set_through_a_dotted_key() -> None:
     assert "full-without-method" in found(
         RECOMPUTE, "Turn model.recompute_granularity to full and launch again.")
+
+
+def test_trading_dp_for_pp() -> None:
+    assert "pp-for-dp-trade" in found(
+        MEMORY, "3. Move to PP 4→8, DP 2→1, which halves the layers each stage holds.")
+    assert "pp-for-dp-trade" not in found(
+        MEMORY, "PP 4→8 with DP 2→1 doubles the accumulation steps (-5.9 %); keep it off the "
+                "list unless spare GPUs keep DP.")

@@ -209,3 +209,37 @@ def test_trading_dp_for_pp() -> None:
     assert "pp-for-dp-trade" not in found(
         MEMORY, "PP 4→8 with DP 2→1 doubles the accumulation steps (-5.9 %); keep it off the "
                 "list unless spare GPUs keep DP.")
+
+
+# ---------------------------------------------------------------- narrow answers, the allocator
+
+NARROW = [
+    # why core_attn frees nothing
+    "Because the recipe runs Transformer Engine fused attention, the score and softmax tensors "
+    "are never kept for backward, so recomputing `core_attn` frees nothing and MCore warns. Use "
+    "`layernorm` for selective recompute on this model, `mlp` only as a last resort.",
+    # an offload request at PP=4
+    "No. With `pipeline_model_parallel_size=4` MCore raises a ValueError for layer CPU "
+    "offloading, and offloading cannot be combined with recompute either. Use selective "
+    "recompute of `layernorm` instead.",
+    # uniform or block, after selective failed
+    "Selective could not fit, so full recompute it is. `uniform` with N=1 keeps the least per "
+    "micro-batch, but at PP=4 N=2 may peak lower: price N=1, 2 and 4. `block` with a larger N "
+    "always lowers the peak.\n\n```python\ncfg.model.recompute_granularity = \"full\"\n"
+    "cfg.model.recompute_method = \"uniform\"\ncfg.model.recompute_num_layers = 2\n```\n",
+]
+
+
+@pytest.mark.parametrize("skill", BOTH)
+@pytest.mark.parametrize("text", NARROW)
+def test_a_narrow_answer_may_leave_the_allocator_out(skill: str, text: str) -> None:
+    grade = skill_grade(skill, text)
+    assert grade.passed, failed(grade)
+
+
+@pytest.mark.parametrize("skill", BOTH)
+def test_a_memory_plan_without_the_allocator_still_fails(skill: str) -> None:
+    text = ("The first stage is under real memory pressure.\n\n"
+            "1. Selective recompute of `layernorm` (core_attn ≈ 0 under fused attention).\n"
+            "2. `mlp` only as a last resort (~16 %).\n")
+    assert "no-allocator-check" in found(skill, text)

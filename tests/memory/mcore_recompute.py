@@ -130,9 +130,9 @@ def peak_bytes(cfg: TrainingConfig, in_flight: int) -> tuple[int, int]:
     positions = torch.arange(s).unsqueeze(0)
     held = [0]
 
-    def step(tracker: LiveBytes | None) -> None:
+    def step(tracker: LiveBytes | None, count: int) -> None:
         losses = [model(tokens[i], positions, None, labels=labels[i]).float().mean()
-                  for i in range(in_flight)]
+                  for i in range(count)]
         if tracker is not None:
             held[0] = tracker.live
         for loss in losses:
@@ -140,7 +140,8 @@ def peak_bytes(cfg: TrainingConfig, in_flight: int) -> tuple[int, int]:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        step(None)  # warm-up: every gradient exists, backward accumulates in place
+        # warm-up: one micro-batch makes every gradient exist; backward then accumulates in place
+        step(None, 1)
         gc.collect()
         tracker = LiveBytes({p.untyped_storage()._cdata for p in model.parameters()})
         for p in model.parameters():
@@ -148,7 +149,7 @@ def peak_bytes(cfg: TrainingConfig, in_flight: int) -> tuple[int, int]:
                 tracker.add(p.grad)
         base = tracker.peak = tracker.live
         with tracker:
-            step(tracker)
+            step(tracker, in_flight)
     return tracker.peak - base, held[0] - base
 
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +26,7 @@ from mbridge_perf.bench.predicted import predicted_change
 from mbridge_perf.bench.registry import Registry
 from mbridge_perf.config.load import load_config
 from mbridge_perf.steptime import estimate_step_time, load_calibration
+from mbridge_perf.steptime.fit import HUBER_DELTA
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "measured_recipes.csv"
 
@@ -64,6 +67,14 @@ def registry(tmp_path: Path) -> Registry:
     return reg
 
 
+def _loss(res, which: str) -> float:
+    """steptime.fit's mean pseudo-Huber loss of log(predicted / measured) over the runs."""
+    d = HUBER_DELTA
+    return statistics.fmean(
+        d * (math.sqrt(1 + (math.log(getattr(r, which) / r.measured_s) / d) ** 2) - 1)
+        for r in res.runs)
+
+
 def test_calibrate_refits_on_the_users_runs_and_the_tools_read_the_file(
         registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "calibration.json"
@@ -74,7 +85,10 @@ def test_calibrate_refits_on_the_users_runs_and_the_tools_read_the_file(
     # few runs: only Hopper's FP8 GEMM efficiency and the per-layer overhead may move (H100 FP8
     # runs; nothing was measured on Blackwell)
     assert res.fitted and set(res.fitted) <= {"gen.hopper.gemm_eff_fp8", "layer_overhead_us"}
-    assert res.after_median_error_pct < res.before_median_error_pct
+    # the fit lowers its robust loss on the user's runs (its objective minus a prior that is
+    # zero where it starts); the median alone may not fall when the shipped calibration
+    # already fits these runs (they are among the rows it was fitted on)
+    assert _loss(res, "after_s") < _loss(res, "before_s")
     saved = json.loads(out.read_text("utf-8"))
     assert len(saved["rows"]) == 5 and "mbridge-perf calibrate on 5" in saved["source"]
     # every tool reads the user's file from then on (estimate_step_time names it)

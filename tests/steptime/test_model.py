@@ -11,7 +11,7 @@ from mbridge_perf.config.gpus import lookup_gpu
 from mbridge_perf.config.load import load_config
 from mbridge_perf.steptime import Calibration, GenParams, estimate_step_time, load_calibration
 from mbridge_perf.steptime.calibration import SEED
-from mbridge_perf.steptime.model import ACT_BYTES, _bw
+from mbridge_perf.steptime.model import ACT_BYTES, _bw, _scan_bytes, _scan_rate
 
 H = 4096
 FFN = 16384
@@ -223,3 +223,37 @@ def test_a_layer_shorter_than_its_launch_waits_for_the_host() -> None:
         pytest.approx(4 * 2 * host, rel=1e-9)
     tiny = estimate_step_time(small, calibration=plain(layer_host_us=gpu * 1e6 / 1000))
     assert term(tiny, "other (host/launch)") == 0.0
+
+
+def mamba(**model: object):
+    """One Mamba-2 mixer layer (no MLP): d_inner 32 x 64 = 2048, 2 groups, state 64."""
+    return gpt(hybrid_layer_pattern="M", is_hybrid_model=True, mamba_num_heads=32,
+               mamba_head_dim=64, mamba_num_groups=2, mamba_state_dim=64, **model)
+
+
+def test_mamba_scan_bytes_count_fp32_chunk_states() -> None:
+    """Scan traffic per token, by hand: bf16 passes over the in_proj output (5), the conv input
+    (7) and the inner width (24), plus 14 passes of fp32 chunk states (d_in x state / chunk)."""
+    d_in, conv = 2048, 2048 + 2 * 2 * 64
+    bf16 = 5 * (conv + d_in + 32) + 7 * conv + 24 * d_in
+    for chunk in (64, 128):
+        m = mamba(mamba_chunk_size=chunk).model
+        want = 2 * bf16 + 14 * 4 * d_in * 64 / chunk
+        assert _scan_bytes(m, "mamba") == pytest.approx(want, rel=1e-12)
+    # the memory-bound term: 40 B per token x h for norms and residual, plus the scan's bytes
+    rep = estimate_step_time(mamba(mamba_chunk_size=64), calibration=plain())
+    want_s = SEQ * (40 * H + 2 * bf16 + 14 * 4 * d_in) / 3.35e12
+    assert term(rep, "memory-bound ops") == pytest.approx(want_s, rel=1e-9)
+
+
+def test_scan_rate_follows_sm_count_not_the_tensor_peak() -> None:
+    """GB200's dense BF16 peak is 2.5x H100's, its scan rate only 1.12x (SM count x clock)."""
+    cal = plain(ssm_eff=0.04)
+    h100, gb200 = (_scan_rate(lookup_gpu(g), cal) for g in ("h100", "gb200"))
+    assert h100 == pytest.approx(0.04 * 989e12, rel=1e-12)
+    assert gb200 / h100 == pytest.approx(1.12, rel=1e-12)
+    # the scan's FLOPs (2 x d_in x (chunk + 2 state), x3) take FLOPs / rate of compute
+    lean, fat = (estimate_step_time(mamba(), calibration=plain(ssm_eff=e)) for e in (0.04, 0.02))
+    flops = SEQ * 3 * 2 * 2048 * (128 + 2 * 64)
+    assert term(fat, "compute") - term(lean, "compute") == \
+        pytest.approx(flops / (0.02 * 989e12) - flops / (0.04 * 989e12), rel=1e-9)

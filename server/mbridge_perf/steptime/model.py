@@ -120,16 +120,37 @@ def _core(m: ModelSection, mixer: str, seq: int) -> float:
     return 3.0 * heads * seq * (d_qk + d_v)
 
 
-SSM_CHUNK = 128  # Megatron-Core mamba chunk size (SSD); GDN uses 64
-# A scan mixer's elementwise traffic per inner channel and token, forward: causal conv1d read +
-# write (4 B), the SSD kernels reading x twice and writing y plus chunk states (~10 B), the
-# gated RMSNorm reading y and z and writing its output (6 B); backward about twice that.
-SCAN_BYTES_PER_INNER = 60
-
-
+SSM_CHUNK = 128  # Megatron-Core's default mamba_chunk_size (SSD)
+GDN_CHUNK = 64  # GatedDeltaNet's chunk
+# The chunked-scan kernels (Triton, small tiles, register-limited occupancy) run at a rate set by
+# SM count x clock, not by the tensor-core peak: a public pure Mamba-2 model (d_model 2048, 48
+# layers, bf16) trains at 102.5 / 239 / 360 TFLOP/s on A100 / H200 / GB200
+# (state-spaces/mamba#904), where the dense BF16 peak grows 312 / 989 / 2,500. So ``ssm_eff`` is
+# a fraction of Hopper's dense BF16 peak, scaled per generation by SM count x clock: A100 108 SMs
+# at 1.41 GHz vs H100's 132 at 1.98 (NVIDIA's A100 / H100 specifications); Blackwell by its
+# non-tensor FP32 rate (128 lanes per SM, as Hopper): B200/GB200 75 vs H100's 67 TFLOP/s, Blackwell
+# Ultra between B300's 75 and GB300's 80 (verda.com's GB300 table, step-time-model.md §1).
+SCAN_REF_FLOPS = 989e12
+SCAN_SM_SCALE = {"ampere": 0.58, "hopper": 1.0, "blackwell": 1.12, "blackwell_ultra": 1.16}
+# A scan mixer's bf16 elementwise traffic per element and token, forward + backward (the
+# backward recomputes the conv and the gated norm): the in_proj output (z, x, B, C, dt) turned
+# from sequence-first to batch-first and back for its gradient (5 passes); the causal conv1d
+# over x, B, C (forward read + write, recomputed, backward reads input and gradient, writes one:
+# 7); the chunked-scan kernels over x and y (read x twice, write y; backward about three times
+# that: 12); the gated RMSNorm (read y and z, write; backward 5: 8); the output back to
+# sequence-first (4).
+SCAN_PASSES_INPROJ, SCAN_PASSES_CONV, SCAN_PASSES_INNER = 5, 7, 24
+# fp32 chunk states (heads x head_dim x state per chunk) between the scan's kernels: written by
+# chunk_state, read and rewritten by state_passing, read by chunk_scan (4); the backward
+# recomputes the first three and writes, passes and reads the state gradients (10).
+STATE_PASSES, STATE_BYTES = 14, 4
 def _gdn_values(m: ModelSection) -> int:
     """A GatedDeltaNet mixer's value width (value heads x head dim), Megatron-Core's defaults."""
     return opt_int(m, "linear_num_value_heads", 32) * opt_int(m, "linear_value_head_dim", 128)
+
+
+def _ssm_chunk(m: ModelSection) -> int:
+    return int(opt_int(m, "mamba_chunk_size", SSM_CHUNK))
 
 
 def _ssm(m: ModelSection, mixer: str) -> float:
@@ -138,7 +159,7 @@ def _ssm(m: ModelSection, mixer: str) -> float:
     h = m.hidden_size or 0
     if mixer == "mamba":
         state, _, _, d_inner = _mamba_dims(m, h)
-        return 3.0 * 2 * d_inner * (SSM_CHUNK + 2 * state)
+        return 3.0 * 2 * d_inner * (_ssm_chunk(m) + 2 * state)
     if mixer == "gdn":
         d_k = opt_int(m, "linear_key_head_dim", 128)
         return 3.0 * 2 * _gdn_values(m) * (64 + 2 * d_k)
@@ -146,11 +167,26 @@ def _ssm(m: ModelSection, mixer: str) -> float:
 
 
 def _scan_bytes(m: ModelSection, mixer: str) -> float:
+    """A scan mixer's memory-bound bytes per token, forward + backward: the bf16 passes over
+    its in_proj output, conv input and inner width, plus the fp32 chunk states the chunked
+    scan's kernels hand to each other (d_inner x state / chunk elements per token for Mamba-2,
+    values x key width / chunk for GatedDeltaNet)."""
     if mixer == "mamba":
-        return SCAN_BYTES_PER_INNER * _mamba_dims(m, m.hidden_size or 0)[3]
-    if mixer == "gdn":
-        return SCAN_BYTES_PER_INNER * _gdn_values(m)
-    return 0.0
+        state, groups, heads, d_in = _mamba_dims(m, m.hidden_size or 0)
+        conv = d_in + 2 * groups * state
+        bf16 = SCAN_PASSES_INPROJ * (conv + d_in + heads) + SCAN_PASSES_CONV * conv \
+            + SCAN_PASSES_INNER * d_in
+        states = d_in * state / _ssm_chunk(m)
+    elif mixer == "gdn":
+        v, d_k = _gdn_values(m), opt_int(m, "linear_key_head_dim", 128)
+        qk = d_k * opt_int(m, "linear_num_key_heads", 16)
+        conv = 2 * qk + v
+        bf16 = SCAN_PASSES_INPROJ * (conv + v) + SCAN_PASSES_CONV * conv \
+            + SCAN_PASSES_INNER * v
+        states = v * d_k / GDN_CHUNK
+    else:
+        return 0.0
+    return ACT_BYTES * bf16 + STATE_PASSES * STATE_BYTES * states
 
 
 def _counted_mixer(m: ModelSection, mixer: str) -> float | None:
@@ -387,7 +423,7 @@ def _setup(cfg: TrainingConfig | Derived, gpu: str | GPUSpec | None,
     return _Ctx(
         d=d, spec=spec, cal=cal, work=model_work(m, seq), prec=prec, peak=peak, eff=eff,
         gemm_rate=peak * eff, group_rate=peak * eff * cal.grouped_gemm_factor,
-        attn_rate=peak_bf16 * cal.attn_eff, ssm_rate=peak_bf16 * cal.ssm_eff,
+        attn_rate=peak_bf16 * cal.attn_eff, ssm_rate=_scan_rate(spec, cal),
         hbm=(spec.hbm_tb_s or 3.0) * 1e12 * cal.hbm_eff, tok=tok_cp / d.tp, tok_cp=tok_cp,
         act=tok_cp * m.hidden_size * ACT_BYTES, tp_bw=_bw(spec, d.tp, cal),
         cp_bw=_bw(spec, d.tp * d.cp, cal),
@@ -397,6 +433,12 @@ def _setup(cfg: TrainingConfig | Derived, gpu: str | GPUSpec | None,
         tp_exp=cal.tp_exposed if d.cfg.overlap.tp_comm_overlap else cal.tp_exposed_no_overlap,
         overhead=cal.layer_overhead_us * 1e-6 * graphs, host=cal.layer_host_us * 1e-6 * graphs,
         chunk_len=max(1, max(max(c) for c in d.layers_per_chunk or [[1]])))
+
+
+def _scan_rate(spec: GPUSpec, cal: Calibration) -> float:
+    """FLOP/s of the chunked-scan kernels: ssm_eff of Hopper's BF16 peak, scaled by the
+    generation's SM count x clock (see SCAN_SM_SCALE)."""
+    return cal.ssm_eff * SCAN_REF_FLOPS * SCAN_SM_SCALE.get(generation(spec), 1.12)
 
 
 def _layer_terms(c: _Ctx, lw: LayerWork, n: int, terms: dict[str, float]) -> None:
@@ -563,7 +605,8 @@ def _report(c: _Ctx, step: float, per_mb: dict[str, float], bubble: float, dp_ex
         f"precision {c.prec}: peak {c.peak / 1e12:.0f} TFLOP/s, GEMM efficiency {c.eff:.3f} "
         f"({c.spec.architecture})",
         "balanced MoE routing (as Bridge's benchmarks force); attention core causal-halved",
-        "Mamba-2 / GatedDeltaNet scans as chunked-scan FLOPs at the BF16 peak x ssm_eff",
+        "Mamba-2 / GatedDeltaNet scans: chunked-scan FLOPs at ssm_eff x Hopper's BF16 peak x the "
+        "GPU's SM count x clock, and their fp32 chunk states and bf16 passes over HBM",
         f"calibration: {c.cal.source or 'seed'}",
     ]
     return StepTimeReport(

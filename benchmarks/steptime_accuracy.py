@@ -8,6 +8,10 @@
   (one group of 18; GPU and precision unstated: H100 BF16 assumed, with NeMo 2's
   distributed optimizer and DP overlap) and vTrain single-node
   groups (A100, fp16, full recompute).
+- Megatron-LM CI goldens (megatron_ci_iteration_time.csv; reported, no target): rows with a
+  recorded GPU count on a named GPU (A100 / H100 / GB200), GRPO tests (rollout time) and resumed
+  `_2nd` runs left out, grouped by platform, model arguments, seq, GBS and GPU count; pairwise
+  order agreement inside each group (most are one layout, so few groups score).
 - Skill-card A/B rows (bridge_skill_cards_throughput.csv) with a measured change of >= 2 %:
   sign agreement, where the knob is one the model reads (layout, recompute modules, EP overlap,
   CUDA graphs) and the model has a preset; the rest are counted with the reason.
@@ -200,6 +204,83 @@ PREC = {"FP8_CS": "bf16_with_fp8_current_scaling_mixed", "BF16": "bf16_mixed",
         "FP8-MX": "bf16_with_mxfp8_mixed", "MXFP8": "bf16_with_mxfp8_mixed"}
 
 
+# the Megatron-LM CI platforms' GPU (dracooci is an A100 cluster; 80 GB assumed, as for
+# vTrain: memory does not enter the step time); bare "lts"/"dev" name none
+_CI_GPU = (("gb200", "gb200"), ("h100", "h100"), ("a100", "a100-80gb"))
+# the columns that make two CI tests the same model run (everything but the layout)
+_CI_MODEL = ("L", "h", "a", "ffn", "qg", "kv_channels", "experts", "topk", "moe_ffn",
+             "shared_ffn", "moe_layer_freq", "mtp", "mla", "fp8", "fp8_recipe", "bf16", "fp16",
+             "swiglu", "recompute", "rc_method", "rc_layers", "rc_modules")
+_CI_LAYOUT = ("tp", "pp", "cp", "ep", "etp", "mbs", "layers_per_vp", "vp_stages_per_rank",
+              "pp_layout", "sp", "dispatcher", "distopt", "mfsdp", "cuda_graph", "overlap_grad",
+              "overlap_param", "tp_comm_overlap", "ep_overlap")
+
+
+def _ci_predict(r: dict[str, str]) -> tuple[float | None, str]:
+    """(predicted step time, why not) of one CI golden row."""
+    from memory_accuracy import ci_row
+
+    if "grpo" in r["test_case"]:
+        return None, "GRPO (rollout time in the step)"
+    if r["platform"].endswith("_2nd"):
+        return None, "resumed run (_2nd)"
+    if not r.get("num_gpus"):
+        return None, "GPU count not recorded"
+    gpu = next((g for key, g in _CI_GPU if key in r["platform"]), None)
+    if gpu is None:
+        return None, "platform names no GPU"
+    row = ci_row(r)
+    if row.reason or not row.overrides:
+        return None, row.reason or "no config"
+    data = {**row.overrides[0]}
+    data["cluster"] = {**data.get("cluster", {}), "gpu": gpu, "num_gpus": int(r["num_gpus"])}
+    try:
+        return estimate_step_time(load_config(data=data)).step_time_s, ""
+    except (ConfigError, ValueError, TypeError) as e:
+        return None, f"config not buildable ({str(e)[:40]})"
+
+
+def megatron_ci(data: Path, out: Path) -> None:
+    with (data / "steptime" / "megatron_ci_iteration_time.csv").open(encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    groups: dict[tuple[str, ...], dict[tuple[str, ...], tuple[float, float]]] = \
+        defaultdict(dict)
+    skipped: Counter[str] = Counter()
+    lines = []
+    for r in rows:
+        pred, why = _ci_predict(r)
+        if pred is None:
+            skipped[why] += 1
+            continue
+        key = (r["platform"], *(r.get(c, "") for c in _CI_MODEL), r["seq"], r["gbs"],
+               r["num_gpus"])
+        # one point per layout: the same layout tested twice (features the columns miss)
+        # keeps its first row
+        layout = tuple(r.get(c, "") for c in _CI_LAYOUT)
+        groups[key].setdefault(layout, (pred, float(r["median_iteration_time_s"])))
+        lines.append([r["test_case"], r["platform"], r["num_gpus"],
+                      r["median_iteration_time_s"], round(pred, 4)])
+    scored = [list(g.values()) for g in groups.values() if len(g) >= 2]
+    agree = total = 0
+    for g in scored:
+        a, t = pairwise(g)
+        agree += a
+        total += t
+    errs = [x[4] / float(x[3]) - 1 for x in lines]
+    print(f"== Megatron-LM CI goldens (reported, no target): {len(lines)} rows predicted, "
+          f"{len(scored)} groups of >= 2 layouts ({sum(map(len, scored))} rows)")
+    for why, n in sorted(skipped.items()):
+        print(f"   skipped {n:3d}: {why}")
+    if total:
+        print(f"   pairwise order agreement {agree}/{total} = {100 * agree / total:.1f} %; "
+              f"step time error over all predicted rows: median |error| "
+              f"{100 * statistics.median(map(abs, errs)):.1f} %, median signed "
+              f"{pct(statistics.median(errs))} (small models: fixed costs dominate)")
+    with (out / "steptime_megatron_ci.csv").open("w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([["test_case", "platform", "num_gpus", "measured_s",
+                                  "predicted_s"], *lines])
+
+
 def _preset(model: str) -> str | None:
     low = model.lower()
     if "vl" in low.split() or "qwen3-vl" in low or "qwen3.5" in low:
@@ -313,7 +394,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("build/steptime_accuracy"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    for part in (bridge, korthikanti, nemo, vtrain, skill_cards):
+    for part in (bridge, korthikanti, nemo, vtrain, megatron_ci, skill_cards):
         part(args.data, args.out)
     print(f"scored rows written to {args.out}/")
 

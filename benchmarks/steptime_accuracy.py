@@ -259,7 +259,7 @@ def megatron_ci(data: Path, out: Path) -> None:
         layout = tuple(r.get(c, "") for c in _CI_LAYOUT)
         groups[key].setdefault(layout, (pred, float(r["median_iteration_time_s"])))
         lines.append([r["test_case"], r["platform"], r["num_gpus"],
-                      r["median_iteration_time_s"], round(pred, 4)])
+                      r["median_iteration_time_s"], round(pred, 4), "|".join(key)])
     scored = [list(g.values()) for g in groups.values() if len(g) >= 2]
     agree = total = 0
     for g in scored:
@@ -278,7 +278,7 @@ def megatron_ci(data: Path, out: Path) -> None:
               f"{pct(statistics.median(errs))} (small models: fixed costs dominate)")
     with (out / "steptime_megatron_ci.csv").open("w", newline="", encoding="utf-8") as f:
         csv.writer(f).writerows([["test_case", "platform", "num_gpus", "measured_s",
-                                  "predicted_s"], *lines])
+                                  "predicted_s", "group"], *lines])
 
 
 def _preset(model: str) -> str | None:

@@ -73,7 +73,7 @@ _FIRST_CUE = re.compile(
 # levers counts: its negative rows carry their own cues, "✗", "not at PP=8").
 _ADVICE = re.compile(
     r"^\||(?:^(?:\d+[.)] ?)?(?:\w+[:.,] )?|[,:;] |\b(?:so|then|and|just|simply) )"
-    r"(?:set|use|enable|add|switch|turn|go|move|raise|increase|double|bump|try|apply|start|prefer|put|export|change|make|lower|reduce|flip|"
+    r"(?:set|use|enable|add|append|switch|turn|go|move|raise|increase|double|bump|try|apply|start|prefer|put|export|change|make|lower|reduce|flip|"
     r"jump|give|bring|run|offload|push|keep|recompute|shard|split|pin|drop|cut|combine|"
     r"bundle|merge|stack)\b"
     r"|\b(?:should|must|recommend\w*|suggest\w*|i'd|i would|let's|you can|"

@@ -142,6 +142,24 @@ _SUFFIX = re.compile(
 _SUFFIX_REACH = 110
 _NOT_FIRST = re.compile(r"\bnot\b[^;.]{0,60}\bfirst\b")
 _COND = re.compile(r"\b(?:if|when|whenever|unless|until|once|whether)\b[^,;.:]*")
+# "With TE graphs plus X you need Y": the with-phrase before "you need" is the condition Y
+# answers, not advice to set X.
+_WITH_NEED = re.compile(r"\bwith\b[^,;.\n]{1,80}?(?=,? (?:you |we )?(?:also )?(?:need|must|"
+                        r"have to|require)\b)")
+# Japanese puts the condition before its cue ("X を併用する場合は、Y も必要です"): the span runs
+# back from the cue to the clause start, at most 80 characters (one bounded look-back per cue).
+_JA_COND = re.compile(r"場合|(?:とき|時)(?=[はに、])")
+_JA_STOP = "、。，,;：!?"
+
+
+def _conditions(s: str) -> list[tuple[int, int]]:
+    spans = [(m.start(), m.end()) for m in _COND.finditer(s)]
+    spans += [(m.start(), m.end()) for m in _WITH_NEED.finditer(s)]
+    for m in _JA_COND.finditer(s):
+        lo = max(0, m.start() - 80)
+        cut = max(s.rfind(c, lo, m.start()) for c in _JA_STOP)
+        spans.append((max(lo, cut + 1), m.end()))
+    return _merge(spans)
 # "if X is not already in the env, add it": a condition on the user's current state whose main
 # clause does X is advice to do X (the condition only spares those who already have it).
 _IF_MISSING = re.compile(
@@ -222,7 +240,7 @@ class _Scan:
         self.break_starts = [b[0] for b in self.breaks]
         self.break_ends = [b[1] for b in self.breaks]
         self.late = [(m.start(), m.end()) for m in _LATE.finditer(s)]
-        self.cond = [(m.start(), m.end()) for m in _COND.finditer(s)]
+        self.cond = _conditions(s)
         self.if_missing = _if_missing(s)
         self.skip = _merge(self.late + self.cond)
         self.reported = [m.start() for m in _REPORTED.finditer(s)]
@@ -287,6 +305,8 @@ def _first_at(starts: list[int], spans: list[tuple[int, int]], lo: int, hi: int
 
 
 _SUBSTITUTE = ("instead of", "rather than")
+# "recompute_num_layers=None": a key set to none is reset, not recommended.
+_RESET = re.compile(r" ?[:=] ?(?:none|null)\b")
 
 
 def _prefixed(sc: _Scan, s: str, lo: int, start: int) -> bool:
@@ -307,7 +327,7 @@ def is_recommended(unit: Unit, start: int, end: int) -> bool:
         return False
     s = unit.norm
     sc = _scan(s)
-    if sc.row_rejected:
+    if sc.row_rejected or _RESET.match(s, end):
         return False
     if _inside(sc.if_missing, start, end):
         return True

@@ -190,3 +190,74 @@ def test_throughput_judged_from_the_start_or_on_a_short_run_is_wrong(skill: str,
 def test_throughput_on_the_41_50_window_is_fine(skill: str) -> None:
     text = "A 12-step run only screens; gate on iterations 41-50 of a 50-step run."
     assert "throughput-window-from-iteration-1" not in found(skill, text)
+
+
+# ---------------------------------------------------------------- delayed scaling, labels in prose
+
+def test_delayed_scaling_said_to_allow_the_labels_after_an_upgrade_is_wrong() -> None:
+    text = ("新しい TE なら、delayed scaling を維持したまま moe_act の再計算が使えます。")
+    assert "delayed-fp8-with-recompute" in found(RECOMPUTE, text)
+
+
+def test_delayed_scaling_named_with_the_labels_blocked_is_fine() -> None:
+    text = "delayed scaling では moe_act の再計算はエラーになるので、レシピを切り替えます。"
+    assert "delayed-fp8-with-recompute" not in found(RECOMPUTE, text)
+
+
+# ---------------------------------------------------------------- allocator named in Japanese
+
+@pytest.mark.parametrize("skill", BOTH)
+def test_allocator_settled_in_japanese_is_not_an_omission(skill: str) -> None:
+    text = ("アロケータの設定は確認済みで、それでも OOM します。"
+            "selective recompute で layernorm を追加してください。")
+    assert "no-allocator-check" not in found(skill, text)
+
+
+@pytest.mark.parametrize("skill", BOTH)
+def test_allocator_left_out_in_japanese_is_still_an_omission(skill: str) -> None:
+    text = "まだ OOM します。selective recompute で layernorm を追加してください。"
+    assert "no-allocator-check" in found(skill, text)
+
+
+# ---------------------------------------------------------------- distributed optimizer at DP 1
+
+def test_distributed_optimizer_advised_at_dp1_is_wrong() -> None:
+    text = ("Your mesh is TP=8 PP=2 on 16 GPUs, so DP=1.\n\n"
+            "1. **Switch on the distributed optimizer.** It shards the FP32 master copies.")
+    assert "distributed-optimizer-at-dp1" in found(MEMORY, text)
+
+
+@pytest.mark.parametrize("text", [
+    "Your mesh is TP=8 PP=2 on 16 GPUs, so DP=1: the distributed optimizer would shard nothing, "
+    "so go to recompute.",
+    "Your mesh is TP=4 PP=2 on 16 GPUs, so DP=2.\n\n1. **Switch on the distributed optimizer.**",
+])
+def test_distributed_optimizer_where_dp_allows_or_ruled_out_is_fine(text: str) -> None:
+    assert "distributed-optimizer-at-dp1" not in found(MEMORY, text)
+
+
+# ---------------------------------------------------------------- estimate read as proof
+
+def test_estimate_over_capacity_read_as_a_sure_oom_is_wrong() -> None:
+    text = ("The closed form lands at 82 GB, so the job is going to OOM; resize it before "
+            "submitting.")
+    assert "estimate-over-capacity-as-proof" in found(MEMORY, text)
+
+
+def test_estimate_over_capacity_read_as_a_reason_to_measure_is_fine() -> None:
+    text = ("The closed form lands at 82 GB, but it over-predicts this workload, so measure a "
+            "short run before resizing.")
+    assert "estimate-over-capacity-as-proof" not in found(MEMORY, text)
+
+
+# ---------------------------------------------------------------- FP8 as one byte per value
+
+def test_one_byte_values_said_to_halve_memory_is_wrong() -> None:
+    text = "With one byte per weight instead of two, the weight memory is cut in half."
+    assert "fp8-saves-memory" in found(MEMORY, text)
+
+
+def test_one_byte_values_with_the_kept_copies_is_fine() -> None:
+    text = ("The GEMM inputs are one byte each, but the higher-precision copies are kept, so the "
+            "memory is not cut.")
+    assert "fp8-saves-memory" not in found(MEMORY, text)

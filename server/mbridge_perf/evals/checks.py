@@ -146,14 +146,44 @@ def _one_config_block(a: Match, b: Match) -> bool:
             and bool(_CONFIG_LINE.match(b.unit.norm)))
 
 
+# A statement that checks evidence ("grep ... must return nothing", "confirm the kernels ran",
+# "re-validate on a training-equivalent run", "確認してください"): the terms it names are what
+# is proved, not steps of the plan.
+_VERIFY = re.compile(
+    r"\bgrep\b|\b(?:confirm|verify|make sure|ensure|prove|re-?validat\w*|re-?measur\w*)\b"
+    r"|\bvalidat(?:e|es|ed|ing|ion)\b|\bcheck (?:that|there|for|the log)\b|returns? nothing"
+    r"|must be empty|確認|検証|取り直|測り直")
+# "Stay with selective recompute", "keep using alltoall": a setting kept as it is, not a step.
+_RETAIN = re.compile(r"\b(?:stay|stays|stick|sticks|remain|remains|continue)(?: to use| using|"
+                     r" with| on| at)\b|\bkeep (?:using|running)\b")
+
+
+def _placed(m: Match, verify: set[int]) -> bool:
+    """Whether a recommendation places its checklist step in the answer's sequence: not a
+    setting kept as it is, and not evidence named in a verification statement (``verify``:
+    the units that verify, when the card marks its verification step)."""
+    if m.unit.index in verify:
+        return False
+    s = m.unit.norm
+    return _RETAIN.search(s, max(0, m.start - 30), m.start) is None
+
+
 def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist", *,
               lenient_order: bool = False) -> list[Expectation]:
     """Each item present (recommended when kind=recommend), recommendations in card order.
     ``lenient_order``: an item is in order when it is recommended somewhere after the earliest
     recommendation of the item before it (an early passing mention — "window 41–50" in the
-    contract — does not make it come first)."""
+    contract — does not make it come first); only recommendations that place a step count
+    (``_placed``: not a setting kept as is; when the card marks an item ``verification``,
+    not another step's term inside a statement that verifies); an item ``ordered: false`` is
+    judged present but in no order."""
     out: list[Expectation] = []
     ranks: list[tuple[str, tuple[int, int], Match]] = []
+    verify: set[int] = set()
+    if lenient_order and any(i.get("verification") for i in items):
+        # (a contract that names the window, "iterations 41-50", is still the contract)
+        verify = {u.index for u in a.units if _VERIFY.search(u.norm)}
+    by_id: dict[str, list[Match]] = {}
     for item in items:
         rec = item.get("kind", "recommend") == "recommend"
         hits = [m for t in item["match"] for m in
@@ -163,7 +193,16 @@ def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist", 
         out.append(Expectation(f"checklist {item['id']}: {verb} {clip(item['text'], 120)}",
                                bool(hits), hits[0].evidence if hits else
                                f"none of {_quote(item['match'])} {miss}", check))
-        if rec and hits:
+        if rec:
+            by_id[item["id"]] = hits
+    for item in items:
+        # a rule the answer may state anywhere (SKILL.md lists "bring up on alltoall" after
+        # validate; the loop runs it before profile; a plan names it at either place)
+        hits = [] if item.get("ordered") is False else by_id.get(item["id"], [])
+        if lenient_order:
+            own = {m.unit.index for m in hits} if item.get("verification") else set()
+            hits = [m for m in hits if _placed(m, verify - own)]
+        if hits:
             ranks.append((item["id"], hits[0].rank, hits[0]))
             if lenient_order:
                 first = next((m for m in hits if _put_first(m)), None)

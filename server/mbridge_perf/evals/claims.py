@@ -51,9 +51,10 @@ from mbridge_perf.evals.text import (
     is_recommended,
 )
 
+# ("delay_wgrad_compute=false" is a config value, not a verdict)
 _CORRECTION = re.compile(
-    r"\b(?:myths?|misconceptions?|is wrong|are wrong|wrongly|not true|untrue|incorrect|false|"
-    r"mistaken|a mistake|common mistake|contrary to|debunk\w*)\b")
+    r"\b(?:myths?|misconceptions?|is wrong|are wrong|wrongly|not true|untrue|incorrect|"
+    r"(?<![=:])(?<![=:] )false|mistaken|a mistake|common mistake|contrary to|debunk\w*)\b")
 _REPORTED = re.compile(
     r"\b(?:teammate|colleague|someone|review bot|the bot|claims?|claimed|suggests?|suggested|"
     r"proposes?|proposed|the runbook|people say|you may have read|you might think|"
@@ -83,7 +84,7 @@ _ADVICE = re.compile(
     r"worth (?:trying|enabling)|we would|you will want|the way to go|you want to|plan)\b"
     # a config line of a code block that sets a key ("cfg.model.cpu_offloading = true"); a
     # key set to none / false / 0 turns it off
-    r"|^[a-z_]\w{0,20}(?:\.\w{1,60}){1,4} ?= ?(?!none\b|false\b|0\b|\[\])")
+    r"|^[a-z_]\w{0,20}(?:\.\w{1,60}){1,4} ?=(?! ?(?:none|false|0)\b| ?\[\]) ?")
 # "Recompute: full, recompute_granularity=full" — a terse label line is advice for what follows
 # its colon closely.
 _LABEL_LEAD = re.compile(r"^(?:\d+[.)] ?)?[a-z][\w /-]{0,30}: ")

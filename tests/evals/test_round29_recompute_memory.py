@@ -261,3 +261,17 @@ def test_one_byte_values_with_the_kept_copies_is_fine() -> None:
     text = ("The GEMM inputs are one byte each, but the higher-precision copies are kept, so the "
             "memory is not cut.")
     assert "fp8-saves-memory" not in found(MEMORY, text)
+
+
+# ---------------------------------------------------------------- TP right after the allocator
+
+def test_tp_raise_named_as_the_next_lever_is_wrong() -> None:
+    text = ("Export expandable_segments:True. When that is not enough, the next step is to go to "
+            "TP=8 so the weights split further.")
+    assert "tp-named-next-lever" in found(MEMORY, text)
+
+
+def test_recompute_named_as_the_next_lever_with_tp_last_is_fine() -> None:
+    text = ("Export expandable_segments:True. When that is not enough, the next step is selective "
+            "recompute; go to TP=8 only as a last resort.")
+    assert "tp-named-next-lever" not in found(MEMORY, text)

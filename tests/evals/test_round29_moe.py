@@ -125,3 +125,30 @@ def test_a_contract_that_names_the_window_still_places_the_contract_first() -> N
             "Every later candidate is labelled training-equivalent or benchmark-only.\n\n"
             "Last, run the winner for at least 50 steps.\n")
     assert _order_ok(WORKFLOW, text)
+
+
+# ---------------------------------------------------------------- workflow claims, new words
+
+@pytest.mark.parametrize(("text", "mid"), [
+    ("moe_shared_expert_overlap plays well alongside EP overlap; enable both for the next run.",
+     "shared-overlap-with-ep-overlap"),
+    ("Total the runtimes of all a2a kernels in the window and call the part not inside the "
+     "step time hidden.", "summed-kernel-time"),
+    ("A 12-iteration run is our verdict: promote the HybridEP config.", "short-run-signoff"),
+    ("Quote the mean over the entire job, warm-up included.", "average-includes-warmup"),
+])
+def test_workflow_claims_in_new_words(text: str, mid: str) -> None:
+    assert mid in found(WORKFLOW, text)
+
+
+@pytest.mark.parametrize(("text", "mid"), [
+    ("Keep moe_shared_expert_overlap off while EP overlap is on; it gets its own A/B.",
+     "shared-overlap-with-ep-overlap"),
+    ("Union the a2a kernel intervals instead of totalling their runtimes; intersect with "
+     "compute.", "summed-kernel-time"),
+    ("A 12-iteration screen narrows the field; the winner then runs 50 steps.",
+     "short-run-signoff"),
+    ("Quote the mean over iterations 41-50, after the warm-up.", "average-includes-warmup"),
+])
+def test_workflow_claims_near_misses(text: str, mid: str) -> None:
+    assert mid not in found(WORKFLOW, text)

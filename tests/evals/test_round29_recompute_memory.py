@@ -275,3 +275,24 @@ def test_recompute_named_as_the_next_lever_with_tp_last_is_fine() -> None:
     text = ("Export expandable_segments:True. When that is not enough, the next step is selective "
             "recompute; go to TP=8 only as a last resort.")
     assert "tp-named-next-lever" not in found(MEMORY, text)
+
+
+# ---------------------------------------------------------------- near misses of the new claims
+
+@pytest.mark.parametrize("skill", BOTH)
+def test_steps_of_a_plan_are_not_a_throughput_window(skill: str) -> None:
+    text = "Steps 1-3 above cover the allocator and the selective labels."
+    assert "throughput-window-from-iteration-1" not in found(skill, text)
+
+
+@pytest.mark.parametrize("skill", BOTH)
+def test_when_the_oom_struck_is_not_where_the_peak_is_read(skill: str) -> None:
+    text = "Rank 2 hit its peak and crashed in iteration 1."
+    assert "peak-from-iteration-1" not in found(skill, text)
+
+
+@pytest.mark.parametrize("skill", BOTH)
+def test_user_buffers_named_as_the_rejected_pair_are_fine(skill: str) -> None:
+    text = ("With PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True exported, validate_config "
+            "reports --nccl_ub as rejected alongside it on torch 2.9.")
+    assert "nccl-ub-kept-with-expandable" not in found(skill, text)

@@ -296,3 +296,9 @@ def test_user_buffers_named_as_the_rejected_pair_are_fine(skill: str) -> None:
     text = ("With PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True exported, validate_config "
             "reports --nccl_ub as rejected alongside it on torch 2.9.")
     assert "nccl-ub-kept-with-expandable" not in found(skill, text)
+
+
+def test_an_estimate_far_over_the_card_ruling_a_layout_out_is_fine() -> None:
+    text = ("estimate_memory puts TP=2 at 150 GiB, so it will not fit on an 80 GB card; stay at "
+            "TP=4.")
+    assert "estimate-over-capacity-as-proof" not in found(MEMORY, text)

@@ -152,3 +152,47 @@ def test_workflow_claims_in_new_words(text: str, mid: str) -> None:
 ])
 def test_workflow_claims_near_misses(text: str, mid: str) -> None:
     assert mid not in found(WORKFLOW, text)
+
+
+# ---------------------------------------------------------------- long-context claims
+
+@pytest.mark.parametrize(("text", "mid"), [
+    ("Budget: TP·CP·EP·PP = 2·16·16·4 = 2048 H200s.", "gpu-count-product"),
+    ("Each of the parallel sizes multiplies into the mesh, so the minimum is 2048.",
+     "gpu-count-dims-multiply"),
+    ("Packed SFT is fine under TE graphs: it captures a graph for every new length and "
+     "replays it from then on.", "graphs-with-variable-shapes"),
+    ("DeepSeek-V3 on flex + DeepEP.\n\n```python\ncfg.mixed_precision.fp8_recipe = "
+     "\"mxfp8\"\n```", "mxfp8-on-hopper"),
+    ("Memory did not move, so add this:\n\n```python\n"
+     "cfg.optimizer.optimizer_cpu_offload = True\n```", "optimizer-offload-no-fraction"),
+])
+def test_long_context_claims_in_new_words(text: str, mid: str) -> None:
+    assert mid in found(LONG, text)
+
+
+@pytest.mark.parametrize(("text", "mid"), [
+    ("Budget: PP·max(TP·CP, EP·ETP) = 4·max(32, 16) = 128 H200s, not the plain product.",
+     "gpu-count-product"),
+    ("The dense mesh TP·CP·DP·PP multiplies out to the world; the expert mesh folds over it.",
+     "gpu-count-dims-multiply"),
+    ("TE graphs capture one static shape; a new packed length breaks replay, so stay eager.",
+     "graphs-with-variable-shapes"),
+    ("DeepSeek-V3 on flex + DeepEP: blockwise FP8; MXFP8 is not an option on Hopper.",
+     "mxfp8-on-hopper"),
+    ("Qwen3 235B on GB200 with HybridEP: BF16 or `fp8_recipe = \"mxfp8\"`.",
+     "mxfp8-on-hopper"),
+    ("```python\ncfg.optimizer.optimizer_cpu_offload = True\n"
+     "cfg.optimizer.optimizer_offload_fraction = 0.6\n```", "optimizer-offload-no-fraction"),
+])
+def test_long_context_claims_near_misses(text: str, mid: str) -> None:
+    assert mid not in found(LONG, text)
+
+
+def test_a_japanese_sentence_restricting_mla_up_proj_to_mla_is_not_the_claim() -> None:
+    says_no = ("Qwen3 235B, GQA.\n\n- `mla_up_proj` は MLA 専用のラベルなので、"
+               "Qwen3 では指定できません。")
+    assert "mla-up-proj-on-gqa" not in found(LONG, says_no)
+    says_yes = ("Qwen3 235B, GQA.\n\n- recompute_modules に `mla_up_proj` と `moe_act` を入れて"
+                "ください。")
+    assert "mla-up-proj-on-gqa" in found(LONG, says_yes)

@@ -196,3 +196,14 @@ def test_a_japanese_sentence_restricting_mla_up_proj_to_mla_is_not_the_claim() -
     says_yes = ("Qwen3 235B, GQA.\n\n- recompute_modules に `mla_up_proj` と `moe_act` を入れて"
                 "ください。")
     assert "mla-up-proj-on-gqa" in found(LONG, says_yes)
+
+
+@pytest.mark.parametrize(("text", "hit"), [
+    ("From iteration one onward, average the logged step times for the report.", True),
+    ("Timing window: steps 1-40.", True),
+    ("From iteration one onward the loss is finite; average steps 41-50 for the report.",
+     False),
+    ("Timing window: steps 41-50, warm-up excluded.", False),
+])
+def test_averaging_from_the_first_iteration_in_other_orders(text: str, hit: bool) -> None:
+    assert ("average-includes-warmup" in found(WORKFLOW, text)) is hit

@@ -257,3 +257,21 @@ def test_scan_rate_follows_sm_count_not_the_tensor_peak() -> None:
     flops = SEQ * 3 * 2 * 2048 * (128 + 2 * 64)
     assert term(fat, "compute") - term(lean, "compute") == \
         pytest.approx(flops / (0.02 * 989e12) - flops / (0.04 * 989e12), rel=1e-9)
+
+
+def test_cp_ring_merges_each_step_over_hbm() -> None:
+    """CP2 without GQA: each ring step folds its output into fp32 and its dQ / dK,dV into fp32
+    buffers - 34 B per output element and 12 B per K/V element, per token of the rank - over
+    HBM. The last step's merge is exposed; the first one's only beyond a step's attention
+    (half the core's time), which the next kernel hides. cp_exposed 0 leaves the K/V exchange
+    out, so that is the CP term."""
+    cal = plain()
+    rep = estimate_step_time(gpt(gpus=2, context_parallel_size=2), calibration=cal)
+    tok_cp = SEQ // 2
+    per_tok = 34 * H + 12 * (2 * H)  # output width h; K and V of 32 groups x 128
+    step = tok_cp * per_tok / (lookup_gpu("h100").hbm_tb_s * 1e12)
+    core = tok_cp * 3 * 32 * SEQ * (2 * 128) / (989e12 * 0.5)  # fwd+bwd, causal half
+    assert step > core / 2  # this shape exposes part of the first step too
+    want = step + (step - core / 2)
+    assert term(rep, "exposed comm: CP") == pytest.approx(want, rel=1e-9)
+    assert term(estimate_step_time(gpt(), calibration=cal), "exposed comm: CP") == 0.0

@@ -5,7 +5,8 @@ dense peak of the precision in use times a calibrated efficiency (attention core
 peak, MoE experts at the grouped-GEMM factor), memory-bound ops as bytes over HBM bandwidth,
 recompute's extra forward, a per-layer host overhead, and the exposed part of each in-layer
 collective (TP all-gather/reduce-scatter, CP ring K/V exchange, EP dispatch+combine, PP
-send/recv). The pipeline runs ``(M + (PP-1)/VPP)`` stage times (1F1B, interleaved with VPP);
+send/recv), with the CP ring's per-step merges of partial attention outputs and gradients.
+The pipeline runs ``(M + (PP-1)/VPP)`` stage times (1F1B, interleaved with VPP);
 the DP/EDP gradient reduce-scatter and parameter all-gather and the optimizer step are added
 once. FLOP counts follow Megatron Bridge's model-FLOP convention (flop_utils.py: 6 x params
 per token on every GEMM, causal-halved core attention, logits; no recompute), which is what
@@ -37,6 +38,17 @@ from mbridge_perf.steptime.calibration import Calibration, load_calibration
 ACT_BYTES = 2  # BF16 activations on the wire
 OPT_BYTES_PER_PARAM = 30  # Adam: fp32 param/m/v read+write, grad read, bf16 copy write
 MEM_BYTES_PER_TOKEN_H = 40  # norms, activation, dropout, residual: fwd+bwd bytes / (token·h)
+# Context parallelism's ring (TE's p2p attention) runs the attention as CP separate kernel calls
+# per layer and pass, one per K/V chunk received, and merges them outside the kernel: forward,
+# each step's bf16 output is read and folded into an fp32 accumulator rescaled by the
+# softmax-LSE correction (2 + 4 + 4 B per output element); backward, each step's dQ is read and
+# added into an fp32 dQ (2 + 2 + 4 + 4), the kernel's dot(dO, O) pre-pass re-reads dO and O
+# (2 + 2), and the half-chunk slices of Q, O and dO are copied out (about 8) - 34 B per output
+# element and step; each step's dK/dV is added into an fp32 buffer too (12 B per K/V element).
+# Without CP the kernel does this once, inside, in registers. TE merges a step on its second
+# stream while the next step's attention kernel runs, so the last step's merge is exposed and
+# an earlier one only where it outlasts a step's attention.
+CP_STEP_BYTES_OUT, CP_STEP_BYTES_KV = 34, 12
 
 
 class Term(BaseModel):
@@ -90,6 +102,7 @@ class ModelWork:
     mtp: float  # per token, MTP layers' bodies
     mtp_counted: float  # the same as Bridge's model-FLOP convention counts it
     kv_dim: int  # K/V width per token (for CP)
+    out_dim: int  # attention output width per token, heads x value head dim (for CP)
     dense_params: int
     expert_params: int
 
@@ -244,11 +257,13 @@ def _build_work(m: ModelSection, seq: int) -> ModelWork:
     heads = m.num_attention_heads or 1
     groups = m.num_query_groups or heads
     kv = 2 * groups * (m.kv_channels or h // heads)
+    out = heads * (m.kv_channels or h // heads)
     if any(k.mixer == "mla" for k in kinds):
         kv = m.kv_lora_rank + m.qk_pos_emb_head_dim
+        out = heads * m.v_head_dim
     pc = count_params(m, tp=1)
     return ModelWork(layers=tuple(layers), logits=logits, mtp=mtp, mtp_counted=mtp_counted,
-                     kv_dim=kv,
+                     kv_dim=kv, out_dim=out,
                      dense_params=pc.total - pc.routed_experts,
                      expert_params=pc.routed_experts)
 
@@ -472,11 +487,24 @@ def _layer_terms(c: _Ctx, lw: LayerWork, n: int, terms: dict[str, float]) -> Non
     if d.cp > 1 and lw.attention:
         kv = c.tok_cp * c.work.kv_dim * ACT_BYTES / d.tp
         terms["cp"] += n * 3 * (d.cp - 1) * (kv / c.cp_bw + _latency(cal, 2)) * cal.cp_exposed
+        terms["cp"] += n * _cp_merge_time(c, t_core)
     if lw.moe and d.ep > 1:
         terms["ep"] += n * c.ep_time
     # the host launches a layer's kernels in c.host: a layer with less GPU work waits for it
     gpu = (sum(terms.values()) - before) / n
     terms["other"] += n * (c.overhead + max(0.0, c.host - gpu))
+
+
+def _cp_merge_time(c: _Ctx, t_core: float) -> float:
+    """Exposed HBM time of the ring's per-step merges (CP_STEP_BYTES_*) for one attention
+    layer and micro-batch, whose attention core takes ``t_core``: the last step's merge, and
+    each earlier one's excess over a step's attention (the next kernel hides the rest). Few
+    ring steps of short kernels expose most of it - why CP2 trails CP1 at 8K (NeMo's
+    Llama3-8B sweep) - while a long sequence over many steps hides all but one."""
+    w, cp = c.work, c.d.cp
+    per_tok = CP_STEP_BYTES_OUT * w.out_dim + CP_STEP_BYTES_KV * w.kv_dim
+    step = c.tok_cp * per_tok / c.d.tp / c.hbm
+    return step + (cp - 1) * max(0.0, step - t_core / cp)
 
 
 def _latency(cal: Calibration, ranks: int) -> float:
@@ -571,7 +599,8 @@ _TERM_NAMES = {
     "tp": ("exposed comm: TP", "AG/RS (or AR) per layer, NVLink when TP <= domain; "
                                "tp_exposed with tp_comm_overlap, tp_exposed_no_overlap "
                                "without"),
-    "cp": ("exposed comm: CP", "ring K/V exchange per attention layer"),
+    "cp": ("exposed comm: CP", "ring K/V exchange per attention layer, and the ring's per-step "
+                               "fp32 output / gradient merges over HBM"),
     "ep": ("exposed comm: EP", "dispatch+combine all-to-all per MoE layer, NVLink when "
                                "EP x ETP <= domain, else copies within the node over NVLink "
                                "and to other nodes over one NIC per GPU, concurrently"),

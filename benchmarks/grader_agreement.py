@@ -93,6 +93,14 @@ coverage check advisory the grader now errs on the lenient side - 18 of 32 bad a
 most repeating a mistake class a card already names in other words (the claims' patterns do
 not generalise to new phrasings), and 9 of 32 good answers failed (an order check reading
 statements as steps, a claim read through a negation). Both were developed on after that.
+benchmarks/heldout8 and heldout9 (32 answers each, same make-up) were written blind while that
+was done; only their totals were looked at (no file names, no verdicts) until they were measured
+on 2026-12-03 after commit d16fc35, the end of the development on batches 6 and 7: heldout8
+23/32 (72 %), heldout9 25/32 (78 %); together 48/64 (75 %): good answers passed 27/32, bad
+answers failed 21/32. The same two batches graded by the grader before that development (commit
+7968f9c, totals only) read 20/32 and 24/32 (44/64, 69 %; good 25/32, bad 19/32). So the round
+moved unseen agreement by 6 points; the claims still do not generalise to new phrasings well
+enough for the 90 % target, and 11 of 32 unseen bad answers pass.
 """
 
 from __future__ import annotations
@@ -120,7 +128,9 @@ BLIND = {"heldout": "blind batch 1 (measured once at 19/24, developed on since)"
          "heldout4": "blind batch 4 (measured once at 15/24, developed on since)",
          "heldout5": "blind batch 5 (measured once at 13/24, developed on by helpers since)",
          "heldout6": "blind batch 6 (measured once at 21/32, developed on since)",
-         "heldout7": "blind batch 7 (measured once at 16/32, developed on since)"}
+         "heldout7": "blind batch 7 (measured once at 16/32, developed on since)",
+         "heldout8": "blind batch 8 (measured once at 23/32)",
+         "heldout9": "blind batch 9 (measured once at 25/32)"}
 PREFIX = "nemo-mbridge-perf-"
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 

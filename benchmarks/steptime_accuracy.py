@@ -83,7 +83,9 @@ def korthikanti(data: Path, out: Path) -> None:
             gbs=int(r["gbs"]), mbs=int(r["mbs"]), tp=int(r["tp"]), pp=int(r["pp"]),
             vp=int(r["vp"]), gpus=int(r["num_gpus"]), gpu="A100-80GB",
             recompute="full" if r["recompute"] == "full" else "selective",
-            sp=r["sequence_parallel"] == "true")
+            sp=r["sequence_parallel"] == "true",
+            # Megatron-LM of 2022: softmax over materialised scores, before flash attention
+            attention_backend="unfused")
         pred = estimate_step_time(cfg).step_time_s
         meas = float(r["step_time_s"])
         kind = "full" if r["recompute"] == "full" else "selective"

@@ -112,13 +112,13 @@ def bridge_rows(data: Path = SHARED) -> tuple[list[Row], dict[str, int]]:
 
 def gpt_config(*, layers: int, hidden: int, ffn: int, heads: int, head_dim: int | None,
                seq: int, gbs: int, mbs: int, tp: int, pp: int, vp: int, gpus: int, gpu: str,
-               recompute: str, sp: bool) -> TrainingConfig:
+               recompute: str, sp: bool, attention_backend: str = "auto") -> TrainingConfig:
     """A plain GPT (the vTrain and Korthikanti rows' models) as a Bridge config."""
     model: dict[str, Any] = {
         "num_layers": layers, "hidden_size": hidden, "ffn_hidden_size": ffn,
         "num_attention_heads": heads, "seq_length": seq, "vocab_size": 51200,
         "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
-        "sequence_parallel": sp and tp > 1,
+        "sequence_parallel": sp and tp > 1, "attention_backend": attention_backend,
     }
     if head_dim:
         model["kv_channels"] = head_dim

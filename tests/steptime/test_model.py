@@ -275,3 +275,15 @@ def test_cp_ring_merges_each_step_over_hbm() -> None:
     want = step + (step - core / 2)
     assert term(rep, "exposed comm: CP") == pytest.approx(want, rel=1e-9)
     assert term(estimate_step_time(gpt(), calibration=cal), "exposed comm: CP") == 0.0
+
+
+def test_unfused_attention_pays_full_scores_and_their_hbm_traffic() -> None:
+    """attention_backend unfused: QK^T and PV over the whole s x s (twice the causal-halved
+    core) plus 32 B per score element (heads x s x s per sequence) over HBM."""
+    cal = plain()
+    flash = estimate_step_time(gpt(), calibration=cal)
+    unfused = estimate_step_time(gpt(attention_backend="unfused"), calibration=cal)
+    core = SEQ * 3 * 32 * SEQ * (2 * 128) / (989e12 * 0.5)  # fwd+bwd, causal half
+    scores = 32 * 32 * SEQ * SEQ / (lookup_gpu("h100").hbm_tb_s * 1e12)
+    got = term(unfused, "compute") - term(flash, "compute")
+    assert got == pytest.approx(core + scores, rel=1e-9)

@@ -25,6 +25,7 @@ from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.gpus import GPUSpec, lookup_gpu
 from mbridge_perf.config.layers import layer_kinds, opt_field, opt_int
 from mbridge_perf.config.model import ModelSection, TrainingConfig
+from mbridge_perf.config.semantics import fused_attention
 from mbridge_perf.memory.params import (
     _mamba_dims,
     count_params,
@@ -49,6 +50,14 @@ MEM_BYTES_PER_TOKEN_H = 40  # norms, activation, dropout, residual: fwd+bwd byte
 # stream while the next step's attention kernel runs, so the last step's merge is exposed and
 # an earlier one only where it outlasts a step's attention.
 CP_STEP_BYTES_OUT, CP_STEP_BYTES_KV = 34, 12
+# Unfused attention (attention_backend unfused / local, Megatron before flash attention) builds
+# the whole s x s score matrix per head (no causal skipping) and passes it through HBM: the
+# QK^T batched GEMM writes it (2 B), the fused scale-mask-softmax reads and writes it (4), the
+# attention dropout reads it and writes its mask and output (5), the PV GEMM reads it (2);
+# backward, PV's dgrad writes the probability gradient and its wgrad re-reads the dropped
+# probabilities (4), dropout's backward reads gradient and mask and writes (5), softmax's reads
+# gradient and output and writes (6), and QK^T's dgrad reads the score gradient twice (4).
+SCORE_BYTES = 32
 
 
 class Term(BaseModel):
@@ -404,6 +413,7 @@ class _Ctx:
     overhead: float
     host: float
     chunk_len: int
+    unfused: bool  # attention builds the s x s scores in HBM (no flash / fused kernel)
 
 
 def _setup(cfg: TrainingConfig | Derived, gpu: str | GPUSpec | None,
@@ -447,7 +457,8 @@ def _setup(cfg: TrainingConfig | Derived, gpu: str | GPUSpec | None,
         * (cal.ep_overlap_flag_factor if ep_overlap else 1.0) if d.ep > 1 else 0.0,
         tp_exp=cal.tp_exposed if d.cfg.overlap.tp_comm_overlap else cal.tp_exposed_no_overlap,
         overhead=cal.layer_overhead_us * 1e-6 * graphs, host=cal.layer_host_us * 1e-6 * graphs,
-        chunk_len=max(1, max(max(c) for c in d.layers_per_chunk or [[1]])))
+        chunk_len=max(1, max(max(c) for c in d.layers_per_chunk or [[1]])),
+        unfused=not fused_attention(m, half_precision=True))
 
 
 def _scan_rate(spec: GPUSpec, cal: Calibration) -> float:
@@ -465,6 +476,8 @@ def _layer_terms(c: _Ctx, lw: LayerWork, n: int, terms: dict[str, float]) -> Non
     size_eff = f_gemm / (f_gemm + cal.gemm_half_flops) if f_gemm > 0 else 1.0
     t_lin = tok * (lw.attn_linear + lw.dense_mlp) / (c.gemm_rate * size_eff)
     t_core = tok * lw.attn_core / c.attn_rate
+    if c.unfused and lw.attention:
+        t_core = 2 * t_core + _score_time(c)  # full s x s GEMMs, scores through HBM
     t_exp = tok * lw.experts / (c.group_rate * _expert_size_eff(c, lw))
     terms["compute"] += n * (t_lin + t_core + t_exp + tok * lw.ssm_core / c.ssm_rate)
     # about half the elementwise bytes (norms, dropout, residual adds) run on every token of
@@ -493,6 +506,16 @@ def _layer_terms(c: _Ctx, lw: LayerWork, n: int, terms: dict[str, float]) -> Non
     # the host launches a layer's kernels in c.host: a layer with less GPU work waits for it
     gpu = (sum(terms.values()) - before) / n
     terms["other"] += n * (c.overhead + max(0.0, c.host - gpu))
+
+
+def _score_time(c: _Ctx) -> float:
+    """HBM time of unfused attention's score matrices (SCORE_BYTES per element, forward and
+    backward) for one layer and micro-batch: micro-batch x heads/TP x s x s elements per GPU,
+    an s^2 term that flash attention never materialises - large where the micro-batch is
+    several sequences and the model narrow (Korthikanti et al.'s 22B: MBS 4, 8 heads a GPU)."""
+    m = c.d.cfg.model
+    heads, seq = m.num_attention_heads or 1, m.seq_length or 0
+    return SCORE_BYTES * c.tok_cp * seq * heads / c.d.tp / c.hbm
 
 
 def _cp_merge_time(c: _Ctx, t_core: float) -> float:

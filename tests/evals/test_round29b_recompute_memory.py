@@ -1,0 +1,101 @@
+"""Round 29b, activation-recompute and memory-tuning: the mistake classes blind batches 8 and 9
+showed the grader missing, and the good answers it failed, tested in sentences of our own."""
+
+from __future__ import annotations
+
+import pytest
+from test_claims import MEMORY, RECOMPUTE, found
+
+# ---------------------------------------------------------------- FP8 recipe and the labels
+
+
+def test_labels_said_to_ignore_the_fp8_recipe_are_wrong() -> None:
+    text = ("Use recompute_modules=[\"layernorm\", \"moe_act\"]. Neither label cares about the "
+            "FP8 recipe; they are independent of the scaling mode you train with.")
+    assert "fp8-recipe-independent-labels" in found(RECOMPUTE, text)
+
+
+def test_labels_with_the_delayed_exception_are_fine() -> None:
+    text = ("Use recompute_modules=[\"layernorm\"]; the label is independent of the FP8 recipe "
+            "except delayed scaling, which rejects it at startup.")
+    assert "fp8-recipe-independent-labels" not in found(RECOMPUTE, text)
+
+
+# ---------------------------------------------------------------- invented label
+
+
+def test_up_proj_named_as_the_recompute_label_is_wrong() -> None:
+    text = "For MLA, the label to recompute is up_proj; put it next to moe_act."
+    assert "invented-up-proj-label" in found(RECOMPUTE, text)
+
+
+def test_mla_up_proj_or_a_rejected_up_proj_is_fine() -> None:
+    for text in ("For MLA, the label to recompute is mla_up_proj; put it next to moe_act.",
+                 "The error says up_proj is an invalid label for recompute_modules."):
+        assert "invented-up-proj-label" not in found(RECOMPUTE, text)
+
+
+# ---------------------------------------------------------------- core_attn by default
+
+
+def test_core_attn_first_with_no_word_on_the_backend_is_wrong() -> None:
+    text = ("The allocator is done, so this is capacity.\n\n"
+            "1. Begin with core_attn: recompute_modules=[\"core_attn\"].\n"
+            "2. Add layernorm if that is not enough.")
+    assert "core-attn-first-default-backend" in found(RECOMPUTE, text)
+
+
+def test_core_attn_first_on_unfused_attention_or_after_layernorm_is_fine() -> None:
+    unfused = ("This model sets attention_backend=unfused.\n\n"
+               "1. Begin with core_attn: recompute_modules=[\"core_attn\"].\n"
+               "2. Add layernorm if that is not enough.")
+    later = ("1. Begin with layernorm: recompute_modules=[\"layernorm\"].\n"
+             "2. Add core_attn if that is not enough.")
+    for text in (unfused, later):
+        assert "core-attn-first-default-backend" not in found(RECOMPUTE, text)
+
+
+def test_core_attn_called_the_most_efficient_fix_in_japanese_is_a_big_saving_claim() -> None:
+    text = "core_attn を入れるのが一番効率的で、1 GB 程度の不足なら十分収まるはずです。"
+    assert "core-attn-big-saver" in found(RECOMPUTE, text)
+    text = "TE fused attention では core_attn はほぼ効きません。layernorm を入れてください。"
+    assert "core-attn-big-saver" not in found(RECOMPUTE, text)
+
+
+# ---------------------------------------------------------------- VPP as a memory lever
+
+
+def test_vpp_raise_listed_as_a_memory_lever_is_wrong() -> None:
+    text = "- **Lever 3: bump VPP from 5 to 10.** Each rank then holds smaller chunks."
+    assert "vpp-raise-as-memory-lever" in found(MEMORY, text)
+
+
+def test_vpp_raise_for_the_bubble_is_not_a_memory_lever() -> None:
+    text = "- **Lever for throughput: bump VPP from 5 to 10** to shrink the pipeline bubble."
+    assert "vpp-raise-as-memory-lever" not in found(MEMORY, text)
+
+
+def test_vpp_credited_with_clearing_the_oom_is_wrong() -> None:
+    assert "vpp-cleared-the-oom" in found(
+        MEMORY, "The run with VPP 10 resolved the OOM, so we stay on it.")
+
+
+def test_allocator_credited_with_clearing_the_oom_is_fine() -> None:
+    assert "vpp-cleared-the-oom" not in found(
+        MEMORY, "expandable_segments resolved the OOM; VPP 10 merely rode along in that run.")
+
+
+# ---------------------------------------------------------------- PP raise cost
+
+
+def test_pp_raise_called_nearly_free_is_wrong() -> None:
+    text = "Doubling PP to 8 on the same nodes has no real cost: just more micro-batches per step."
+    assert "pp-cost-understated" in found(MEMORY, text)
+
+
+@pytest.mark.parametrize("text", [
+    "Doubling PP to 8 on the same nodes is not free: DP halves and it cost 5.9 %.",
+    "Doubling PP to 8 with spare GPUs keeps DP, so the cost is negligible.",
+])
+def test_pp_raise_priced_or_with_spare_gpus_is_fine(text: str) -> None:
+    assert "pp-cost-understated" not in found(MEMORY, text)

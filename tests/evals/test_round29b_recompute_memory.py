@@ -99,3 +99,35 @@ def test_pp_raise_called_nearly_free_is_wrong() -> None:
 ])
 def test_pp_raise_priced_or_with_spare_gpus_is_fine(text: str) -> None:
     assert "pp-cost-understated" not in found(MEMORY, text)
+
+
+# ---------------------------------------------------------------- Japanese sizes, bold step heads
+
+
+def test_japanese_size_change_with_a_particle_reads_as_a_size_change() -> None:
+    from mbridge_perf.evals.text import normalise
+    assert normalise("TP を 2 → 4 にする") == "tp=2 -> tp=4 にする"
+    assert normalise("DP は 1") == "dp=1"
+    # a factor is not a size
+    assert normalise("TP を 2 倍にする") == "tp を 2 倍にする"
+
+
+def test_a_bold_numbered_head_is_a_plan_step() -> None:
+    from mbridge_perf.evals.answer import parse_answer
+    units = parse_answer("**1. Bump PP 2 → 4.** More stages.\n\n**2. Then X.**\n").units
+    assert units[0].lead and units[0].norm.startswith("bump pp=2 -> pp=4")
+    # a bold phrase that is not numbered stays prose
+    assert not parse_answer("**Bump PP 2 → 4.** More stages.\n").units[0].lead
+
+
+def test_a_japanese_pp_raise_as_the_first_step_is_caught() -> None:
+    text = ("おすすめの順番です。\n\n**1. PP を 2 → 4 に増やす（DP 4 → 2）**\n"
+            "ステージが細かくなりピークが下がります。\n\n"
+            "**2. expandable_segments:True を設定**\n断片化を防ぎます。\n")
+    assert "pp-raise-first" in found(MEMORY, text)
+
+
+def test_a_japanese_allocator_first_plan_is_not_the_pp_mistake() -> None:
+    text = ("おすすめの順番です。\n\n**1. expandable_segments:True を設定**\n断片化を防ぎます。\n\n"
+            "**2. layernorm の再計算を追加**\n小さいが安い。\n")
+    assert "pp-raise-first" not in found(MEMORY, text)

@@ -21,6 +21,9 @@ _HEADING = re.compile(r"^(#{1,6})\s+(.*)$")
 _FENCE = re.compile(r"^\s*(```|~~~)\s*([A-Za-z0-9_-]*)")
 _LIST = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
 _ORDERED = re.compile(r"^\s*\d+[.)]\s")
+# A bold step head on a line of its own ("**1. Raise PP**", "__2) Then X__") is an ordered list
+# item too; the emphasis opening it goes with the number.
+_BOLD_STEP = re.compile(r"^\s*(?:\*\*|__)\s?(?=\d{1,2}[.)]\s)")
 # A line led by a bullet symbol or a check / cross / warning mark is a list item too; the mark
 # stays in its text (a cross is a rejection: "❌ raise TP").
 _MARK = re.compile(r"^\s*[•▪▸►✅✔✓☑❌✗✘⚠🚫]")
@@ -154,6 +157,25 @@ def _recommendation_units(data: Any, start: int) -> list[Unit]:
     return units
 
 
+# A JSON value read as prose: a string of at least two words (not an id, path or one label).
+_PROSE = re.compile(r"\S+ \S")
+
+
+def _json_prose(data: Any, depth: int = 0) -> list[str]:
+    """The prose strings of a JSON value, in document order (bounded depth and count)."""
+    if depth > 8:
+        return []
+    if isinstance(data, str):
+        return [data] if _PROSE.search(data) else []
+    items = data.values() if isinstance(data, dict) else data if isinstance(data, list) else []
+    out: list[str] = []
+    for v in items:
+        out += _json_prose(v, depth + 1)
+        if len(out) >= 400:
+            break
+    return out
+
+
 def _scalar(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(str(v) for v in value) + "]"
@@ -212,6 +234,7 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
         st["item"] = st["ordered"] = False
 
     for line in text.splitlines():
+        line = _BOLD_STEP.sub("", line, count=1)
         fm = _FENCE.match(line)
         if fence is not None:
             if fm and fm.group(1) == fence[:3]:
@@ -264,7 +287,14 @@ def _close_fence(fence: str, code: list[str], blocks: list[Any], units: list[Uni
             data = None
         if data is not None:
             blocks.append(data)
-            units.extend(_recommendation_units(data, len(units)))
+            recs = _recommendation_units(data, len(units))
+            units.extend(recs)
+            if not recs:
+                # a report written as JSON (a verdict and its rationale): its prose values
+                # are sentences like any other
+                for prose in _json_prose(data):
+                    for sentence in _sentences(prose):
+                        add(sentence)
             return
     output = fence[3:] in _OUTPUT_FENCES
     for line in code:

@@ -22,8 +22,10 @@ _SIZES = SIZES
 _SIZE_RE = [(re.compile(rf"(?<![a-z0-9_.])(?:{pat})(?![a-z_])"), tok) for pat, tok in _SIZES]
 _SIZE_TOK = SIZE_TOKENS
 # (normalise applies it after white space runs became one space: one optional space a side)
-_SIZE_VALUE = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK}) ?(?:=|:|of|to|is|at|from|size)?"
-                         r" ?(\d{1,9})(?!\d|\.\d)")
+# (Japanese puts a particle between the size and its value: "PP を 4 → 8", "TP は 8"; "TP を 2 倍"
+# is a factor, not a size)
+_SIZE_VALUE = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK}) ?(?:=|:|of|to|is|at|from|size|を|は|が)?"
+                         r" ?(\d{1,9})(?!\d|\.\d| ?倍)")
 _SIZE_ARROW = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK})=(\d+)\s*(?:->|→|to)\s*(\d+)")
 _FLAG_VALUE = re.compile(r"(?<![\w\-])(--?[a-z][a-z0-9_\-]{0,63})\s{1,8}(\d{1,12}|true|false)\b")
 _DROP = re.compile(r"[`*\"'“”‘’]")

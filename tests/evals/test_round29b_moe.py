@@ -1,0 +1,83 @@
+"""Round 29b, MoE skills (long context, optimization workflow): mistake classes blind batches 8
+and 9 showed the grader missing or misreading, each tested in sentences of our own with a near
+miss that must not trip it."""
+
+from __future__ import annotations
+
+from test_claims import WORKFLOW, found
+
+from mbridge_perf.evals.answer import parse_answer
+
+# ---------------------------------------------------------------- JSON reports are read
+
+
+def _json(rationale: str) -> str:
+    return ("```json\n{\n  \"run\": \"mxfp8 vs bf16\",\n  \"decision\": \"drop\",\n"
+            f"  \"why\": \"{rationale}\",\n  \"todo\": [\"rerun the profile\"]\n}}\n```\n")
+
+
+def test_a_json_verdict_without_recommendations_is_read_as_prose() -> None:
+    units = [u.norm for u in parse_answer(_json("The MFU of MXFP8 sank to 30 % from 40 % on "
+                                                "BF16, so MXFP8 is the slower recipe.")).units]
+    assert any("mfu of mxfp8 sank" in u for u in units)
+    assert "rerun the profile" in units
+    # one-word labels and ids stay out
+    assert "drop" not in units
+
+
+def test_mfu_verdict_inside_json_is_the_cross_precision_claim() -> None:
+    bad = _json("MFU is lower for MXFP8 than for BF16, so the BF16 recipe stays.")
+    assert "mfu-across-precisions" in found(WORKFLOW, bad)
+    near = _json("MFU is lower for MXFP8, but its peak is higher; on absolute TFLOP/s/GPU "
+                 "MXFP8 is ahead, so keep it.")
+    assert "mfu-across-precisions" not in found(WORKFLOW, near)
+
+
+def test_mfu_held_up_as_the_fair_yardstick_is_the_claim() -> None:
+    assert "mfu-across-precisions" in found(
+        WORKFLOW, "Because MFU normalises for the chip, it is the fair score to set FP8 "
+                  "beside BF16, and FP8 comes out behind.")
+    assert "mfu-across-precisions" not in found(
+        WORKFLOW, "MFU is not a fair score across FP8 and BF16: the FP8 peak is higher.")
+
+
+# ---------------------------------------------------------------- summed kernel time, denied
+
+
+def test_summed_kernel_time_set_unequal_to_wall_time_is_a_rejection() -> None:
+    assert "summed-kernel-time" not in found(
+        WORKFLOW, "Added-up kernel durations ≠ wall time when the all-to-all overlaps GEMMs.")
+    assert "summed-kernel-time" not in found(
+        WORKFLOW, "通信と計算が重なるとき、カーネル時間の合計はウォールタイムではありません。")
+    assert "summed-kernel-time" in found(
+        WORKFLOW, "Add up the NCCL kernel times in the trace: that total is the exposed "
+                  "communication.")
+
+
+# ---------------------------------------------------------------- contract held fixed
+
+
+def test_conditions_held_fixed_in_japanese_state_the_contract() -> None:
+    assert "no-measurement-contract" not in found(
+        WORKFLOW, "比較はマッチさせた 2 つの実行で行い、コンテナとレイアウトは固定します。")
+    assert "no-measurement-contract" in found(
+        WORKFLOW, "DeepEP に切り替えて TFLOP/s を比べてください。")
+
+
+# ---------------------------------------------------------------- moe graph module, dropless
+
+
+def test_the_whole_moe_graph_module_without_drop_and_pad_is_wrong() -> None:
+    bad = ("Launch gaps sit inside the expert layers.\n\n```python\n"
+           "cfg.model.cuda_graph_impl = \"transformer_engine\"\n"
+           "cfg.model.cuda_graph_modules = [\"moe\"]\n```\n")
+    assert "moe-graph-module-no-drop-pad" in found(WORKFLOW, bad)
+    assert "moe-graph-module-no-drop-pad" in found(
+        WORKFLOW, "ドロップレスなので MoE 層ごと CUDA グラフでキャプチャします。")
+    near = ("Launch gaps sit inside the expert layers.\n\n```python\n"
+            "cfg.model.cuda_graph_impl = \"transformer_engine\"\n"
+            "cfg.model.cuda_graph_modules = [\"moe_router\", \"moe_preprocess\"]\n```\n")
+    assert "moe-graph-module-no-drop-pad" not in found(WORKFLOW, near)
+    padded = ("The run routes drop-and-pad (capacity factor 1.0), so the moe module may be "
+              "graphed.\n\n```python\ncfg.model.cuda_graph_modules = [\"moe\"]\n```\n")
+    assert "moe-graph-module-no-drop-pad" not in found(WORKFLOW, padded)

@@ -157,6 +157,25 @@ def _recommendation_units(data: Any, start: int) -> list[Unit]:
     return units
 
 
+# A JSON value read as prose: a string of at least two words (not an id, path or one label).
+_PROSE = re.compile(r"\S+ \S")
+
+
+def _json_prose(data: Any, depth: int = 0) -> list[str]:
+    """The prose strings of a JSON value, in document order (bounded depth and count)."""
+    if depth > 8:
+        return []
+    if isinstance(data, str):
+        return [data] if _PROSE.search(data) else []
+    items = data.values() if isinstance(data, dict) else data if isinstance(data, list) else []
+    out: list[str] = []
+    for v in items:
+        out += _json_prose(v, depth + 1)
+        if len(out) >= 400:
+            break
+    return out
+
+
 def _scalar(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(str(v) for v in value) + "]"
@@ -268,7 +287,14 @@ def _close_fence(fence: str, code: list[str], blocks: list[Any], units: list[Uni
             data = None
         if data is not None:
             blocks.append(data)
-            units.extend(_recommendation_units(data, len(units)))
+            recs = _recommendation_units(data, len(units))
+            units.extend(recs)
+            if not recs:
+                # a report written as JSON (a verdict and its rationale): its prose values
+                # are sentences like any other
+                for prose in _json_prose(data):
+                    for sentence in _sentences(prose):
+                        add(sentence)
             return
     output = fence[3:] in _OUTPUT_FENCES
     for line in code:

@@ -131,3 +131,32 @@ def test_a_japanese_allocator_first_plan_is_not_the_pp_mistake() -> None:
     text = ("おすすめの順番です。\n\n**1. expandable_segments:True を設定**\n断片化を防ぎます。\n\n"
             "**2. layernorm の再計算を追加**\n小さいが安い。\n")
     assert "pp-raise-first" not in found(MEMORY, text)
+
+
+# ---------------------------------------------------------------- JSON lever lists
+
+
+def _json(obj: object) -> str:
+    import json
+    return "```json\n" + json.dumps(obj) + "\n```\n"
+
+
+def test_a_json_lever_list_under_another_key_is_read_with_its_layout() -> None:
+    text = _json({"layout": {"tp": 8, "pp": 4, "dp": 1},
+                  "next_levers": [{"rank": 1, "knob": "optimizer.use_distributed_optimizer",
+                                   "value": True, "effect": "shards the Adam state, a few GB"}],
+                  "rejected": [{"knob": "model.cpu_offloading", "why": "PP is above 1"}]})
+    assert "distributed-optimizer-at-dp1" in found(MEMORY, text)
+
+
+def test_a_json_lever_list_at_dp_above_one_or_rejecting_the_knob_is_fine() -> None:
+    at_dp2 = _json({"layout": {"tp": 8, "pp": 2, "dp": 2},
+                    "next_levers": [{"rank": 1, "knob": "optimizer.use_distributed_optimizer",
+                                     "value": True, "effect": "shards the Adam state"}]})
+    rejected = _json({"layout": {"tp": 8, "pp": 4, "dp": 1},
+                      "next_levers": [{"rank": 1, "knob": "model.recompute_modules",
+                                       "value": ["layernorm"], "effect": "small saving"}],
+                      "blocked": [{"knob": "optimizer.use_distributed_optimizer",
+                                   "why": "shards over data parallel ranks only"}]})
+    for text in (at_dp2, rejected):
+        assert "distributed-optimizer-at-dp1" not in found(MEMORY, text)

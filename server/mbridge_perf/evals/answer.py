@@ -141,20 +141,68 @@ def from_json(data: Any, tool_calls: list[str] | None = None) -> Answer:
                   tool_calls=[tool_name(c) for c in tool_calls] if tool_calls else tool_calls)
 
 
+# A list of knob entries under another name ("levers": [{rank, knob, value, expected_effect}]);
+# one under a rejecting name ("blocked": [{knob, why}]) lists what not to do.
+_KNOB_FIELDS = ("knob", "setting", "flag", "param", "parameter")
+_REJECTING = re.compile(r"^(?:blocked|rejected|avoid\w*|do_?not\w*|dont\w*|not_recommended|"
+                        r"ruled_out|forbidden|excluded)$")
+# a layout's parallel sizes ({"tp": 4, "pp": 8, "dp": 1}) as one statement "tp=4, pp=8, dp=1"
+_SIZE_KEYS = frozenset({"tp", "pp", "vpp", "cp", "ep", "etp", "dp", "edp"})
+
+
+def _knob_list(value: Any) -> list[dict[str, Any]]:
+    items = [r for r in value if isinstance(r, dict)] if isinstance(value, list) else []
+    return items if items and all(any(f in r for f in _KNOB_FIELDS) for r in items) else []
+
+
 def _recommendation_units(data: Any, start: int) -> list[Unit]:
-    """A structured recommendation list ({rank, knob, value, rationale}) as ordered units."""
-    recs = data.get("recommendations") if isinstance(data, dict) else None
-    if not isinstance(recs, list):
+    """A structured recommendation list ({rank, knob, value, rationale}) as ordered units; without
+    a "recommendations" key, the first list of knob entries (its other prose fields read with
+    each knob), a list under a rejecting key as rejected units, and the layout's sizes."""
+    if not isinstance(data, dict):
         return []
-    items = [r for r in recs if isinstance(r, dict)]
-    items.sort(key=lambda r: r.get("rank", 0) if isinstance(r.get("rank"), int | float) else 0)
-    units = []
-    for k, r in enumerate(items):
-        text = f"{r.get('knob', '')}={_scalar(r.get('value'))}"
-        if r.get("rationale"):
-            text += f" — {r['rationale']}"
-        units.append(Unit(text, normalise(text), start + k))
-    return units
+    recs = data.get("recommendations")
+    if isinstance(recs, list):
+        items = [r for r in recs if isinstance(r, dict)]
+        items.sort(key=lambda r: r.get("rank", 0) if isinstance(r.get("rank"), int | float)
+                   else 0)
+        units = []
+        for k, r in enumerate(items):
+            text = f"{r.get('knob', '')}={_scalar(r.get('value'))}"
+            if r.get("rationale"):
+                text += f" — {r['rationale']}"
+            units.append(Unit(text, normalise(text), start + k))
+        return units
+    out: list[tuple[str, bool]] = []
+    layout = data.get("layout")
+    if isinstance(layout, dict):
+        sizes = [f"{k}={v}" for k, v in layout.items()
+                 if str(k).lower() in _SIZE_KEYS and isinstance(v, int)]
+        if sizes:
+            out.append((f"layout: {', '.join(sizes)}", False))
+    found = False
+    for key, value in data.items():
+        items = _knob_list(value)
+        if not items:
+            continue
+        rejecting = bool(_REJECTING.match(str(key).lower()))
+        if not rejecting:
+            if found:
+                continue
+            found = True
+            items.sort(key=lambda r: r.get("rank", 0) if isinstance(r.get("rank"), int | float)
+                       else 0)
+        for r in items[:64]:
+            knob = next(str(r[f]) for f in _KNOB_FIELDS if f in r)
+            text = f"{knob}={_scalar(r['value'])}" if "value" in r else knob
+            prose = [v for v in r.values() if isinstance(v, str) and _PROSE.search(v)]
+            if prose:
+                text += " — " + " — ".join(prose)
+            out.append((text, rejecting))
+    if not found:
+        return []
+    return [Unit(t, normalise(t), start + k, unit_is_late(normalise(t)), negated_section=neg)
+            for k, (t, neg) in enumerate(out)]
 
 
 # A JSON value read as prose: a string of at least two words (not an id, path or one label).

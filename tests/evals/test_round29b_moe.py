@@ -81,3 +81,34 @@ def test_the_whole_moe_graph_module_without_drop_and_pad_is_wrong() -> None:
     padded = ("The run routes drop-and-pad (capacity factor 1.0), so the moe module may be "
               "graphed.\n\n```python\ncfg.model.cuda_graph_modules = [\"moe\"]\n```\n")
     assert "moe-graph-module-no-drop-pad" not in found(WORKFLOW, padded)
+
+
+# ---------------------------------------------------------------- review answers: evidence
+
+
+def _order_ok(text: str) -> bool:
+    from test_claims import card
+
+    from mbridge_perf.evals.grade import grade_skill
+    grade = grade_skill(card(WORKFLOW), parse_answer(text), WORKFLOW)
+    return all(e.passed for e in grade.expectations if e.check == "checklist.order")
+
+
+def test_a_contract_diff_of_finished_runs_is_evidence_not_a_late_contract_step() -> None:
+    review = ("Hold the merge.\n\n"
+              "- Steps: run at least 50 steps and quote iterations 41-50.\n"
+              "- Baseline: diff both runs with compare_benchmarks, which flags any mismatch in "
+              "the measurement contract (versions, GBS, routing).\n")
+    assert _order_ok(review)
+    plan = ("1. Run at least 50 steps and quote iterations 41-50.\n"
+            "2. Then freeze the measurement contract: versions, GBS, routing, window.\n")
+    assert not _order_ok(plan)
+
+
+def test_a_log_file_in_a_grep_is_not_a_config_field() -> None:
+    from mbridge_perf.evals.keys import invented_keys
+    ok = parse_answer("```bash\ngrep 'Falling back to alltoall' train.log  # nothing\n```\n")
+    assert invented_keys(ok.units) == []
+    bad = parse_answer("Set `train.log_every_step=true` for the window.")
+    assert [b.what for b in invented_keys(bad.units)] == [
+        "train.log_every_step (no such field in train)"]

@@ -152,7 +152,9 @@ def _one_config_block(a: Match, b: Match) -> bool:
 _VERIFY = re.compile(
     r"\bgrep\b|\b(?:confirm|verify|make sure|ensure|prove|re-?validat\w*|re-?measur\w*)\b"
     r"|\bvalidat(?:e|es|ed|ing|ion)\b|\bcheck (?:that|there|for|the log)\b|returns? nothing"
-    r"|must be empty|確認|検証|取り直|測り直")
+    r"|must be empty|確認|検証|取り直|測り直"
+    # a diff of two finished runs for contract mismatches (SKILL.md Phases 4-5, compare_benchmarks)
+    r"|\bcompare_benchmarks\b|\bflags? (?:contract |any )?mismatch\w*")
 # "Stay with selective recompute", "keep using alltoall": a setting kept as it is, not a step.
 _RETAIN = re.compile(r"\b(?:stay|stays|stick|sticks|remain|remains|continue)(?: to use| using|"
                      r" with| on| at)\b|\bkeep (?:using|running)\b")

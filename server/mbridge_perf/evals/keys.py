@@ -18,6 +18,9 @@ _LIST_VALUE = re.compile(r"\b(recompute_modules|cuda_graph_modules)\s{0,8}[=:]\s
 _ENUM_VALUE = re.compile(r"\b(recompute_granularity|recompute_method|cuda_graph_impl)\s*[=:]\s*"
                          r"[\"'`]?([A-Za-z_]+)")
 _STRIP = re.compile(r"[`*]")
+# "train.log", "model.yaml": a file a command reads or writes, not section.field
+_FILE_EXT = frozenset({"yaml", "yml", "log", "txt", "out", "err", "json", "jsonl", "csv", "md",
+                       "py", "sh", "sqlite", "qdrep", "nsys", "pt", "pkl"})
 
 # Keys that are not config fields but legitimately appear as key=value in answers.
 _EXTRA = {"expandable_segments", "garbage_collection_threshold", "max_split_size_mb",
@@ -89,7 +92,7 @@ def invented_keys(units: list[Unit]) -> list[BadKey]:
         found: list[tuple[str, str]] = []
         for m in _DOTTED.finditer(raw):
             sec, name = m.group(1), m.group(2)
-            if sec in al.sections and name not in al.sections[sec] and name != "yaml":
+            if sec in al.sections and name not in al.sections[sec] and name not in _FILE_EXT:
                 found.append((name, f"{sec}.{name} (no such field in {sec})"))
         for m in _ASSIGN.finditer(raw):
             if (m.group(1) not in al.fields and m.group(1) not in al.sections

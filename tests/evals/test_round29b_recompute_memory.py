@@ -160,3 +160,28 @@ def test_a_json_lever_list_at_dp_above_one_or_rejecting_the_knob_is_fine() -> No
                                    "why": "shards over data parallel ranks only"}]})
     for text in (at_dp2, rejected):
         assert "distributed-optimizer-at-dp1" not in found(MEMORY, text)
+
+
+# ---------------------------------------------------------------- Japanese verdicts
+
+
+@pytest.mark.parametrize("text", [
+    "recompute_num_layers 付きの full 再計算は TE グラフと組み合わせるとアサートします。",
+    "PP が 1 より大きいと cpu_offloading は使えません。",
+    "ここでは core_attn ではなく layernorm を再計算します。",
+])
+def test_a_japanese_verdict_after_the_knob_is_not_advice_for_it(text: str) -> None:
+    from mbridge_perf.evals.answer import parse_answer
+    from mbridge_perf.evals.matching import recommended
+    units = parse_answer(text).units
+    for knob in ("recompute_num_layers", "cpu_offloading", "core_attn"):
+        assert not recommended(units, knob)
+
+
+def test_a_japanese_sentence_end_bounds_the_verdict() -> None:
+    from mbridge_perf.evals.answer import parse_answer
+    from mbridge_perf.evals.matching import recommended
+    # the verdict in the second sentence does not reach back to the first
+    units = parse_answer("layernorm を再計算に追加します。core_attn は効きません。").units
+    assert recommended(units, "layernorm")
+    assert not recommended(units, "core_attn")

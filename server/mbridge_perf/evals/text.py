@@ -125,7 +125,7 @@ def term_regex(term: str) -> re.Pattern[str]:
 # ---------------------------------------------------------------- cues
 
 _BREAK = re.compile(r";|\.\s|\?\s|!\s|\s[—–]\s|\s-\s|\)|\bbut\b|\bhowever\b|\bwhereas\b"
-                    r"|,\s*(?:then|so|and then|which|while|instead|it|this|that)\b|:\s")
+                    r"|,\s*(?:then|so|and then|which|while|instead|it|this|that)\b|:\s|。")
 _PREFIX = re.compile(
     r"\b(?:do not|don't|dont|does not|doesn't|never|avoid(?:ing)?|instead of|rather than|not|no|"
     r"without|nor|neither|reject(?:ed)?|against|stop|drop|disable|turn off|switch off|remove|"
@@ -140,7 +140,14 @@ _SUFFIX = re.compile(
     r"not first|not the first|is not needed|not needed|not a memory|asserts|is refused|"
     r"is a myth|would fail|breaks|crash(?:es)?|no effect|not help|not valid|invalid|"
     r"does not exist|do not exist|not allowed|out of scope|deprecated|costs? -?\d|"
-    r"(?:frees|saves|saved|freed) (?:about |almost |only |≈ ?|~)?(?:0\b|nothing|little))")
+    r"(?:frees|saves|saved|freed) (?:about |almost |only |≈ ?|~)?(?:0\b|nothing|little))"
+    # Japanese puts the verdict after its subject ("X は … と組み合わせるとアサートします",
+    # "X は使えません", "X ではなく Y")
+    r"|アサート|アサーション|できません|できない|使えません|使えない|効きません|効かない|減りません|"
+    r"減らない|非対応|未対応|サポートされ(?:ない|ません|ていない|ていません)|拒否|禁止|不可|"
+    r"共存できない|併用できない|エラーにな")
+# "X ではなく Y" negates the word right before it, not the clause's subject.
+_JA_NOT_AFTER = re.compile(r" ?(?:ではなく|じゃなく|でなく|でもなく)")
 _SUFFIX_REACH = 110
 _NOT_FIRST = re.compile(r"\bnot\b[^;.]{0,60}\bfirst\b")
 _COND = re.compile(r"\b(?:if|when|whenever|unless|until|once|whether)\b[^,;.:]*")
@@ -339,7 +346,7 @@ def is_recommended(unit: Unit, start: int, end: int) -> bool:
     k = bisect_left(sc.reported, lo)
     if (k < len(sc.reported) and sc.reported[k] < hi) or _under_label(sc, start):
         return False
-    if _prefixed(sc, s, lo, start):
+    if _prefixed(sc, s, lo, start) or _JA_NOT_AFTER.match(s, end):
         return False
     limit = min(hi, end + _SUFFIX_REACH)
     k = bisect_left(sc.suffix_starts, end)
@@ -356,7 +363,8 @@ def is_negated(unit: Unit, start: int, end: int) -> bool:
     s = unit.norm
     sc = _scan(s)
     lo, hi = sc.clause(start, end, len(s))
-    if sc.row_rejected or _prefixed(sc, s, lo, start) or _under_label(sc, start):
+    if (sc.row_rejected or _prefixed(sc, s, lo, start) or _under_label(sc, start)
+            or _JA_NOT_AFTER.match(s, end)):
         return True
     limit = min(hi, end + _SUFFIX_REACH)
     k = bisect_left(sc.suffix_starts, end)

@@ -185,3 +185,32 @@ def test_a_japanese_sentence_end_bounds_the_verdict() -> None:
     units = parse_answer("layernorm を再計算に追加します。core_attn は効きません。").units
     assert recommended(units, "layernorm")
     assert not recommended(units, "core_attn")
+
+
+# ---------------------------------------------------------------- put first, said late
+
+
+def _allocator_order_ok(text: str) -> bool:
+    from test_claims import REPO
+
+    from mbridge_perf.evals.answer import parse_answer
+    from mbridge_perf.evals.grade import grade_skill
+    from mbridge_perf.skillpack.pack import get_skill
+    card = get_skill(REPO, RECOMPUTE).card
+    g = grade_skill(card, parse_answer(text), RECOMPUTE)
+    return all(e.passed for e in g.expectations if e.check == "checklist.order")
+
+
+@pytest.mark.parametrize("tail", [
+    "Separately, if this was a borderline OOM, try expandable_segments:True first.",
+    "別件ですが、境界的な OOM なら先に expandable_segments:True を設定してください。",
+])
+def test_an_allocator_note_that_says_it_goes_first_keeps_the_order(tail: str) -> None:
+    text = "1. Go back to selective: recompute layernorm.\n2. Then mlp if needed.\n\n" + tail
+    assert _allocator_order_ok(text)
+
+
+def test_an_allocator_note_after_the_plan_without_first_breaks_the_order() -> None:
+    text = ("1. Go back to selective: recompute layernorm.\n2. Then mlp if needed.\n\n"
+            "後で expandable_segments:True も設定してください。")
+    assert not _allocator_order_ok(text)

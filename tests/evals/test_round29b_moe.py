@@ -112,3 +112,16 @@ def test_a_log_file_in_a_grep_is_not_a_config_field() -> None:
     bad = parse_answer("Set `train.log_every_step=true` for the window.")
     assert [b.what for b in invented_keys(bad.units)] == [
         "train.log_every_step (no such field in train)"]
+
+
+# ---------------------------------------------------------------- graphs and variable length (JA)
+
+
+def test_japanese_recapture_per_shape_is_the_variable_shape_claim() -> None:
+    from test_claims import LONG
+    assert "graphs-with-variable-shapes" in found(
+        LONG, "CUDA graph はシーケンス長が変わるたびに再キャプチャされるので、packing した"
+              "データのままで大丈夫です。")
+    assert "graphs-with-variable-shapes" not in found(
+        LONG, "CUDA graph はシーケンス長が変わると再キャプチャが必要になるため、packing した"
+              "可変長データでは固定長にそろえるか eager のままにします。")

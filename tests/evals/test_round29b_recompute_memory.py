@@ -214,3 +214,15 @@ def test_an_allocator_note_after_the_plan_without_first_breaks_the_order() -> No
     text = ("1. Go back to selective: recompute layernorm.\n2. Then mlp if needed.\n\n"
             "後で expandable_segments:True も設定してください。")
     assert not _allocator_order_ok(text)
+
+
+# ---------------------------------------------------------------- harness label lists
+
+
+def test_a_made_up_label_in_the_harness_flag_is_an_invented_knob() -> None:
+    from mbridge_perf.evals.answer import parse_answer
+    from mbridge_perf.evals.keys import invented_keys
+    run = "```bash\npython setup_experiment.py --recompute_modules {}\n```"
+    bad = parse_answer(run.format("norm,moe_act"))
+    assert next(b.what for b in invented_keys(bad.units)).startswith("--recompute_modules label")
+    assert not invented_keys(parse_answer(run.format("layernorm,moe_act")).units)

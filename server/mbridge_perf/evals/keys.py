@@ -15,6 +15,9 @@ _DOTTED = re.compile(r"(?<![A-Za-z0-9_.])([a-z_]+)\.([A-Za-z_][A-Za-z0-9_]*)\b")
 _ASSIGN = re.compile(r"(?<![A-Za-z0-9_.\-])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\s*(?:=|:\s)")
 _LIST_VALUE = re.compile(r"\b(recompute_modules|cuda_graph_modules)\s{0,8}[=:]\s{0,8}"
                          r"\[([^\]]{0,400})\]")
+# the perf-harness flag form: "--recompute_modules mla_up_proj,moe_act" (comma-separated)
+_FLAG_LIST = re.compile(r"--(recompute_modules|cuda_graph_modules)(?:=|\s{1,8})"
+                        r"[\"']?([a-z_]{1,40}(?:,[a-z_]{1,40}){0,9})\b")
 _ENUM_VALUE = re.compile(r"\b(recompute_granularity|recompute_method|cuda_graph_impl)\s*[=:]\s*"
                          r"[\"'`]?([A-Za-z_]+)")
 _STRIP = re.compile(r"[`*]")
@@ -104,6 +107,11 @@ def invented_keys(units: list[Unit]) -> list[BadKey]:
                 if label.strip(".…") and label not in allowed:  # "[...]": a placeholder
                     found.append((label, f"{m.group(1)} label {label!r} (valid: "
                                           f"{', '.join(sorted(allowed))})"))
+        for m in _FLAG_LIST.finditer(low):
+            allowed = al.enums[m.group(1)]
+            found += [(label, f"--{m.group(1)} label {label!r} (valid: "
+                              f"{', '.join(sorted(allowed))})")
+                      for label in m.group(2).split(",") if label not in allowed]
         for m in _ENUM_VALUE.finditer(low):
             if m.group(2) not in al.enums[m.group(1)]:
                 found.append((m.group(2), f"{m.group(1)}={m.group(2)} (valid: "

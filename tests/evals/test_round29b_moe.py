@@ -125,3 +125,21 @@ def test_japanese_recapture_per_shape_is_the_variable_shape_claim() -> None:
     assert "graphs-with-variable-shapes" not in found(
         LONG, "CUDA graph はシーケンス長が変わると再キャプチャが必要になるため、packing した"
               "可変長データでは固定長にそろえるか eager のままにします。")
+
+
+# ---------------------------------------------------------------- averaging from iteration one
+
+
+def test_averaging_the_entire_log_is_averaging_from_iteration_one() -> None:
+    assert "average-includes-warmup" in found(
+        WORKFLOW, "Give each arm 60 steps, then average the complete log for the headline.")
+    assert "average-includes-warmup" not in found(
+        WORKFLOW, "Give each arm 60 steps, then average iterations 41-50 for the headline.")
+
+
+def test_a_reported_skipped_count_does_not_excuse_a_window_from_one() -> None:
+    assert "average-includes-warmup" in found(
+        WORKFLOW, "Quote the mean over iterations 1-60 next to zero skipped/NaN iterations.")
+    assert "average-includes-warmup" not in found(
+        WORKFLOW, "Quote the mean once the warm-up iterations are skipped, next to zero "
+                  "skipped/NaN iterations.")

@@ -143,3 +143,30 @@ def test_a_reported_skipped_count_does_not_excuse_a_window_from_one() -> None:
     assert "average-includes-warmup" not in found(
         WORKFLOW, "Quote the mean once the warm-up iterations are skipped, next to zero "
                   "skipped/NaN iterations.")
+
+
+# ---------------------------------------------------------------- other spellings of a claim
+
+
+def test_mfu_spelled_out_is_still_mfu() -> None:
+    assert "mfu-across-precisions" in found(
+        WORKFLOW, "Model FLOPs utilization dropped with MXFP8 against BF16, so revert to BF16.")
+    assert "mfu-across-precisions" not in found(
+        WORKFLOW, "Model FLOPs utilization dropped with MXFP8, but against a higher peak; the "
+                  "absolute TFLOP/s/GPU rose, so keep MXFP8.")
+
+
+def test_the_moe_scope_as_a_harness_flag_without_drop_and_pad() -> None:
+    assert "moe-graph-module-no-drop-pad" in found(
+        WORKFLOW, "```bash\nsetup_experiment.py $ARGS --cuda_graph_scope moe\n```\n")
+    assert "moe-graph-module-no-drop-pad" not in found(
+        WORKFLOW, "```bash\nsetup_experiment.py $ARGS --cuda_graph_scope moe_router\n```\n")
+
+
+def test_a_new_graph_recorded_per_length_is_the_variable_shape_claim() -> None:
+    from test_claims import LONG
+    assert "graphs-with-variable-shapes" in found(
+        LONG, "Leave the batches packed: TE builds a separate graph for every sequence length.")
+    assert "graphs-with-variable-shapes" not in found(
+        LONG, "TE would need a separate graph for every sequence length, so keep packed "
+              "batches eager or pad them to a fixed length.")

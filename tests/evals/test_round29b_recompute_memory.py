@@ -226,3 +226,12 @@ def test_a_made_up_label_in_the_harness_flag_is_an_invented_knob() -> None:
     bad = parse_answer(run.format("norm,moe_act"))
     assert next(b.what for b in invented_keys(bad.units)).startswith("--recompute_modules label")
     assert not invented_keys(parse_answer(run.format("layernorm,moe_act")).units)
+
+
+def test_prose_about_the_harness_flag_names_no_label() -> None:
+    from mbridge_perf.evals.answer import parse_answer
+    from mbridge_perf.evals.keys import invented_keys
+    text = "Note that `--recompute_modules` expects a comma-separated list of labels."
+    assert not invented_keys(parse_answer(text).units)
+    one = "```bash\npython setup_experiment.py --recompute_modules norm\n```"
+    assert invented_keys(parse_answer(one).units)

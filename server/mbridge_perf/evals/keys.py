@@ -18,6 +18,8 @@ _LIST_VALUE = re.compile(r"\b(recompute_modules|cuda_graph_modules)\s{0,8}[=:]\s
 # the perf-harness flag form: "--recompute_modules mla_up_proj,moe_act" (comma-separated)
 _FLAG_LIST = re.compile(r"--(recompute_modules|cuda_graph_modules)(?:=|\s{1,8})"
                         r"[\"']?([a-z_]{1,40}(?:,[a-z_]{1,40}){0,9})\b")
+# what follows a flag's value on a command line: the next flag, a continuation, the end
+_FLAG_END = re.compile(r"[\"']?\s*(?:$|-|\\|[;&|#])")
 _ENUM_VALUE = re.compile(r"\b(recompute_granularity|recompute_method|cuda_graph_impl)\s*[=:]\s*"
                          r"[\"'`]?([A-Za-z_]+)")
 _STRIP = re.compile(r"[`*]")
@@ -108,6 +110,11 @@ def invented_keys(units: list[Unit]) -> list[BadKey]:
                     found.append((label, f"{m.group(1)} label {label!r} (valid: "
                                           f"{', '.join(sorted(allowed))})"))
         for m in _FLAG_LIST.finditer(low):
+            # a single plain word after the flag in prose ("--recompute_modules takes a list")
+            # is no value
+            if "," not in m.group(2) and "_" not in m.group(2) and not _FLAG_END.match(
+                    low, m.end()):
+                continue
             allowed = al.enums[m.group(1)]
             found += [(label, f"--{m.group(1)} label {label!r} (valid: "
                               f"{', '.join(sorted(allowed))})")

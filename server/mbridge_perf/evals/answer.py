@@ -206,7 +206,7 @@ def _recommendation_units(data: Any, start: int) -> list[Unit]:
 
 
 # A JSON value read as prose: a string of at least two words (not an id, path or one label).
-_PROSE = re.compile(r"\S+ \S")
+_PROSE = re.compile(r"\S \S")  # two words (\S+ would rescan each start: quadratic)
 
 
 def _json_prose(data: Any, depth: int = 0) -> list[str]:

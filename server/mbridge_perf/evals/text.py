@@ -175,15 +175,20 @@ _IF_MISSING = re.compile(
     r"\b(?:is|are|has|have|was) not (?:already |yet )?(?:set|there|in|on|enabled|exported|"
     r"present|configured|been set)\b[^,;.:]{0,60}, (?:then )?(?:add|set|export|enable|put|"
     r"turn on|include|do)\b")
-_IF_LEAD = re.compile(r"\b(?:if|in case)\b(?:[^,;.:]|[.:](?! ))*\Z")
+_IF_WORD = re.compile(r"\b(?:if|in case)\b")
+_LEAD_BREAK = re.compile(r"[,;]|[.:] ")
 
 
 def _if_missing(s: str) -> list[tuple[int, int]]:
     """Spans "if X is not already set, add it": the state clause is found first, then its
-    "if" at most 160 characters back (one bounded look-back per hit, so the scan is linear)."""
+    "if" at most 160 characters back with no clause break between (one bounded look-back per
+    hit: the last break, then the first "if" after it, so the scan is linear)."""
     out = []
     for m in _IF_MISSING.finditer(s):
-        lead = _IF_LEAD.search(s, max(0, m.start() - 160), m.start())
+        lo = max(0, m.start() - 160)
+        for brk in _LEAD_BREAK.finditer(s, lo, m.start()):
+            lo = brk.end()
+        lead = _IF_WORD.search(s, lo, m.start())
         if lead is not None:
             out.append((lead.start(), m.end()))
     return out

@@ -235,3 +235,19 @@ def test_prose_about_the_harness_flag_names_no_label() -> None:
     assert not invented_keys(parse_answer(text).units)
     one = "```bash\npython setup_experiment.py --recompute_modules norm\n```"
     assert invented_keys(parse_answer(one).units)
+
+
+# ---------------------------------------------------------------- Japanese requests as advice
+
+
+def test_a_japanese_request_to_raise_pp_first_is_the_pp_mistake() -> None:
+    text = "1 つの rank が OOM です。最初に PP を 2 → 4 に増やしましょう。次に allocator を見ます。"
+    assert "pp-raise-first" in found(MEMORY, text)
+
+
+@pytest.mark.parametrize("text", [
+    "1 つの rank が OOM です。PP を 2 → 4 に増やすのはおすすめしません。allocator が先です。",
+    "1 つの rank が OOM です。PP を 2 → 4 に増やすのは避けてください。allocator が先です。",
+])
+def test_a_japanese_refusal_of_the_pp_raise_is_not_advice(text: str) -> None:
+    assert "pp-raise-first" not in found(MEMORY, text)

@@ -82,6 +82,9 @@ _ADVICE = re.compile(
     r"answer is|best (?:fix|option|lever)|quickest|fastest|easiest|cheapest|simplest|would be|"
     r"my first|first move|first thing|would try|go for|opt for|pick|choose|turn on|consider|"
     r"worth (?:trying|enabling)|we would|you will want|the way to go|you want to|plan)\b"
+    # Japanese requests and recommendations ("上げてください", "入れましょう", "がおすすめ")
+    r"|てください|て下さい|ましょう|(?:おすすめ|お勧め|推奨し)(?!(?:し|でき)?(?:ません|ない))|すべき"
+    r"|べきです|のが(?:よい|良い|いい)"
     # a config line of a code block that sets a key ("cfg.model.cpu_offloading = true"); a
     # key set to none / false / 0 turns it off
     r"|^[a-z_]\w{0,20}(?:\.\w{1,60}){1,4} ?=(?! ?(?:none|false|0)\b| ?\[\]) ?")

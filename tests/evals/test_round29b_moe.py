@@ -170,3 +170,18 @@ def test_a_new_graph_recorded_per_length_is_the_variable_shape_claim() -> None:
     assert "graphs-with-variable-shapes" not in found(
         LONG, "TE would need a separate graph for every sequence length, so keep packed "
               "batches eager or pad them to a fixed length.")
+
+
+def test_a_review_demanding_a_matching_baseline_is_evidence_not_a_late_contract() -> None:
+    review = ("Not ready to ship.\n\n"
+              "- Window: at least 50 steps, iterations 41-50.\n"
+              "- Baseline: it must match this run's measurement contract (image, layout, "
+              "routing).\n")
+    assert _order_ok(review)
+    ja = ("まだ出せません。\n\n- 50 ステップ以上回し、41–50 の区間で報告してください。\n"
+          "- ベースラインと measurement contract（イメージ、レイアウト）が一致していることを"
+          "示してください。\n")
+    assert _order_ok(ja)
+    late = ("1. Run at least 50 steps, iterations 41-50.\n"
+            "2. Afterwards freeze the measurement contract (image, layout, routing).\n")
+    assert not _order_ok(late)

@@ -156,7 +156,10 @@ _VERIFY = re.compile(
     r"|\bvalidat(?:e|es|ed|ing|ion)\b|\bcheck (?:that|there|for|the log)\b|returns? nothing"
     r"|must be empty|確認|検証|取り直|測り直"
     # a diff of two finished runs for contract mismatches (SKILL.md Phases 4-5, compare_benchmarks)
-    r"|\bcompare_benchmarks\b|\bflags? (?:contract |any )?mismatch\w*")
+    r"|\bcompare_benchmarks\b|\bflags? (?:contract |any )?mismatch\w*"
+    # a review's demand on runs already made ("show that ...", "the baseline must match ...")
+    r"|^(?:\d+[.)] ?)?show\b|\bshow (?:that|me)\b|\b(?:must|should|has to|have to|needs? to) "
+    r"(?:share|match)\b|一致し")
 # "Stay with selective recompute", "keep using alltoall": a setting kept as it is, not a step.
 _RETAIN = re.compile(r"\b(?:stay|stays|stick|sticks|remain|remains|continue)(?: to use| using|"
                      r" with| on| at)\b|\bkeep (?:using|running)\b")

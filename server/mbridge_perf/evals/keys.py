@@ -19,7 +19,7 @@ _LIST_VALUE = re.compile(r"\b(recompute_modules|cuda_graph_modules)\s{0,8}[=:]\s
 _FLAG_LIST = re.compile(r"--(recompute_modules|cuda_graph_modules)(?:=|\s{1,8})"
                         r"[\"']?([a-z_]{1,40}(?:,[a-z_]{1,40}){0,9})\b")
 # what follows a flag's value on a command line: the next flag, a continuation, the end
-_FLAG_END = re.compile(r"[\"']?\s*(?:$|-|\\|[;&|#])")
+_FLAG_END = re.compile(r"[\"']?\s{0,40}(?:$|-|\\|[;&|#])")  # bounded: linear under search too
 _ENUM_VALUE = re.compile(r"\b(recompute_granularity|recompute_method|cuda_graph_impl)\s*[=:]\s*"
                          r"[\"'`]?([A-Za-z_]+)")
 _STRIP = re.compile(r"[`*]")

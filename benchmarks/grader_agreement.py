@@ -100,7 +100,15 @@ on 2026-12-03 after commit d16fc35, the end of the development on batches 6 and 
 answers failed 21/32. The same two batches graded by the grader before that development (commit
 7968f9c, totals only) read 20/32 and 24/32 (44/64, 69 %; good 25/32, bad 19/32). So the round
 moved unseen agreement by 6 points; the claims still do not generalise to new phrasings well
-enough for the 90 % target, and 11 of 32 unseen bad answers pass.
+enough for the 90 % target, and 11 of 32 unseen bad answers pass. Batches 8 and 9 were then
+developed on (helper sessions, each fix with tests in other words; both read 32/32 after it,
+and the evals-dev measured half 24/24). benchmarks/heldout10 (32 more, written blind in that
+time) read 23/32 by totals only before that development (commit 4b2a91a) and was measured once
+after it, on 2026-12-03 at commit 03a24ea: 25/32 (78 %) - recompute 4/8 (3 of 4 good answers
+failed), memory 6/8, long-context 7/8, workflow 8/8; good answers passed 13/16, bad answers
+failed 12/16. Disclosure: during that development a helper's glob over benchmarks/heldout*
+printed the names of four heldout10 files and the top-level keys of their JSON answers; nothing
+else of it was read and no change was made or checked against it.
 """
 
 from __future__ import annotations
@@ -130,7 +138,8 @@ BLIND = {"heldout": "blind batch 1 (measured once at 19/24, developed on since)"
          "heldout6": "blind batch 6 (measured once at 21/32, developed on since)",
          "heldout7": "blind batch 7 (measured once at 16/32, developed on since)",
          "heldout8": "blind batch 8 (measured once at 23/32)",
-         "heldout9": "blind batch 9 (measured once at 25/32)"}
+         "heldout9": "blind batch 9 (measured once at 25/32, developed on since)",
+         "heldout10": "blind batch 10 (measured once at 25/32, not developed on)"}
 PREFIX = "nemo-mbridge-perf-"
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 

@@ -14,7 +14,6 @@ import json
 import math
 import os
 import re
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ from mbridge_perf.bench.registry import Registry
 from mbridge_perf.config.load import load_config
 from mbridge_perf.steptime import estimate_step_time, load_calibration
 from mbridge_perf.steptime.calibration import CALIBRATION_FILE
-from mbridge_perf.steptime.fit import HUBER_DELTA
+from mbridge_perf.steptime.fit import robust_loss
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "measured_recipes.csv"
 
@@ -69,11 +68,8 @@ def registry(tmp_path: Path) -> Registry:
 
 
 def _loss(res, which: str) -> float:
-    """steptime.fit's mean pseudo-Huber loss of log(predicted / measured) over the runs."""
-    d = HUBER_DELTA
-    return statistics.fmean(
-        d * (math.sqrt(1 + (math.log(getattr(r, which) / r.measured_s) / d) ** 2) - 1)
-        for r in res.runs)
+    """steptime.fit's robust loss of log(predicted / measured) over the runs."""
+    return robust_loss([math.log(getattr(r, which) / r.measured_s) for r in res.runs])
 
 
 def test_calibrate_refits_on_the_users_runs_and_the_tools_read_the_file(

@@ -82,12 +82,15 @@ def prior(cal: Calibration, start: Calibration, names: tuple[str, ...]) -> float
     return total
 
 
+def robust_loss(errors: list[float]) -> float:
+    """Mean pseudo-Huber loss of log errors (quadratic below HUBER_DELTA, linear above)."""
+    d = HUBER_DELTA
+    return statistics.fmean(d * (math.sqrt(1 + (e / d) ** 2) - 1) for e in errors)
+
+
 def objective(cal: Calibration, rows: list[Sample], start: Calibration = SEED,
               names: tuple[str, ...] = FITTED) -> float:
-    d = HUBER_DELTA
-    loss = statistics.fmean(d * (math.sqrt(1 + (e / d) ** 2) - 1)
-                            for e in log_errors(cal, rows))
-    return loss + PRIOR_WEIGHT * prior(cal, start, names)
+    return robust_loss(log_errors(cal, rows)) + PRIOR_WEIGHT * prior(cal, start, names)
 
 
 def relevant(name: str, rows: list[Sample]) -> bool:

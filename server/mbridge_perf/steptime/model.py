@@ -166,6 +166,8 @@ SCAN_PASSES_INPROJ, SCAN_PASSES_CONV, SCAN_PASSES_INNER = 5, 7, 24
 # chunk_state, read and rewritten by state_passing, read by chunk_scan (4); the backward
 # recomputes the first three and writes, passes and reads the state gradients (10).
 STATE_PASSES, STATE_BYTES = 14, 4
+
+
 def _gdn_values(m: ModelSection) -> int:
     """A GatedDeltaNet mixer's value width (value heads x head dim), Megatron-Core's defaults."""
     return opt_int(m, "linear_num_value_heads", 32) * opt_int(m, "linear_value_head_dim", 128)
@@ -184,7 +186,7 @@ def _ssm(m: ModelSection, mixer: str) -> float:
         return 3.0 * 2 * d_inner * (_ssm_chunk(m) + 2 * state)
     if mixer == "gdn":
         d_k = opt_int(m, "linear_key_head_dim", 128)
-        return 3.0 * 2 * _gdn_values(m) * (64 + 2 * d_k)
+        return 3.0 * 2 * _gdn_values(m) * (GDN_CHUNK + 2 * d_k)
     return 0.0
 
 

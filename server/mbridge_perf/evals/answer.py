@@ -155,24 +155,32 @@ def _knob_list(value: Any) -> list[dict[str, Any]]:
     return items if items and all(any(f in r for f in _KNOB_FIELDS) for r in items) else []
 
 
+def _by_rank(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(items, key=lambda r: r.get("rank", 0) if isinstance(r.get("rank"), int | float)
+                  else 0)
+
+
 def _recommendation_units(data: Any, start: int) -> list[Unit]:
     """A structured recommendation list ({rank, knob, value, rationale}) as ordered units; without
-    a "recommendations" key, the first list of knob entries (its other prose fields read with
-    each knob), a list under a rejecting key as rejected units, and the layout's sizes."""
+    a "recommendations" key, the knob lists of _knob_list_units."""
     if not isinstance(data, dict):
         return []
     recs = data.get("recommendations")
-    if isinstance(recs, list):
-        items = [r for r in recs if isinstance(r, dict)]
-        items.sort(key=lambda r: r.get("rank", 0) if isinstance(r.get("rank"), int | float)
-                   else 0)
-        units = []
-        for k, r in enumerate(items):
-            text = f"{r.get('knob', '')}={_scalar(r.get('value'))}"
-            if r.get("rationale"):
-                text += f" — {r['rationale']}"
-            units.append(Unit(text, normalise(text), start + k))
-        return units
+    if not isinstance(recs, list):
+        return _knob_list_units(data, start)
+    units = []
+    for k, r in enumerate(_by_rank([r for r in recs if isinstance(r, dict)])):
+        text = f"{r.get('knob', '')}={_scalar(r.get('value'))}"
+        if r.get("rationale"):
+            text += f" — {r['rationale']}"
+        units.append(Unit(text, normalise(text), start + k))
+    return units
+
+
+def _knob_list_units(data: dict[str, Any], start: int) -> list[Unit]:
+    """The first list of knob entries under any key (its other prose fields read with each
+    knob), every list under a rejecting key as rejected units, and the layout's sizes; none
+    without a list of knobs to recommend."""
     out: list[tuple[str, bool]] = []
     layout = data.get("layout")
     if isinstance(layout, dict):
@@ -190,8 +198,7 @@ def _recommendation_units(data: Any, start: int) -> list[Unit]:
             if found:
                 continue
             found = True
-            items.sort(key=lambda r: r.get("rank", 0) if isinstance(r.get("rank"), int | float)
-                       else 0)
+            items = _by_rank(items)
         for r in items[:64]:
             knob = next(str(r[f]) for f in _KNOB_FIELDS if f in r)
             text = f"{knob}={_scalar(r['value'])}" if "value" in r else knob

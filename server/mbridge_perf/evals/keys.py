@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -85,6 +86,13 @@ class BadKey:
     unit: Unit
 
 
+def _bad_labels(key: str, labels: Iterable[str], allowed: frozenset[str]) -> list[tuple[str, str]]:
+    """The labels of a list-valued key (or its harness flag) that the key does not accept;
+    "[...]" is a placeholder."""
+    return [(label, f"{key} label {label!r} (valid: {', '.join(sorted(allowed))})")
+            for label in labels if label.strip(".…") and label not in allowed]
+
+
 def invented_keys(units: list[Unit]) -> list[BadKey]:
     """Knobs the answer recommends that the pinned Megatron Bridge / Megatron-Core do not have."""
     al = allowlist()
@@ -104,21 +112,15 @@ def invented_keys(units: list[Unit]) -> list[BadKey]:
                     and m.group(1) not in al.labels and not _after_dot(raw, m.start())):
                 found.append((m.group(1), f"{m.group(1)} (no such config field or flag)"))
         for m in _LIST_VALUE.finditer(low):
-            allowed = al.enums[m.group(1)]
-            for label in (x.strip(" \"'") for x in m.group(2).split(",")):
-                if label.strip(".…") and label not in allowed:  # "[...]": a placeholder
-                    found.append((label, f"{m.group(1)} label {label!r} (valid: "
-                                          f"{', '.join(sorted(allowed))})"))
+            found += _bad_labels(m.group(1), (x.strip(" \"'") for x in m.group(2).split(",")),
+                                 al.enums[m.group(1)])
         for m in _FLAG_LIST.finditer(low):
             # a single plain word after the flag in prose ("--recompute_modules takes a list")
             # is no value
             if "," not in m.group(2) and "_" not in m.group(2) and not _FLAG_END.match(
                     low, m.end()):
                 continue
-            allowed = al.enums[m.group(1)]
-            found += [(label, f"--{m.group(1)} label {label!r} (valid: "
-                              f"{', '.join(sorted(allowed))})")
-                      for label in m.group(2).split(",") if label not in allowed]
+            found += _bad_labels(f"--{m.group(1)}", m.group(2).split(","), al.enums[m.group(1)])
         for m in _ENUM_VALUE.finditer(low):
             if m.group(2) not in al.enums[m.group(1)]:
                 found.append((m.group(2), f"{m.group(1)}={m.group(2)} (valid: "

@@ -137,7 +137,7 @@ BLIND = {"heldout": "blind batch 1 (measured once at 19/24, developed on since)"
          "heldout5": "blind batch 5 (measured once at 13/24, developed on by helpers since)",
          "heldout6": "blind batch 6 (measured once at 21/32, developed on since)",
          "heldout7": "blind batch 7 (measured once at 16/32, developed on since)",
-         "heldout8": "blind batch 8 (measured once at 23/32)",
+         "heldout8": "blind batch 8 (measured once at 23/32, developed on since)",
          "heldout9": "blind batch 9 (measured once at 25/32, developed on since)",
          "heldout10": "blind batch 10 (measured once at 25/32, not developed on)"}
 PREFIX = "nemo-mbridge-perf-"

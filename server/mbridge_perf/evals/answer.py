@@ -38,6 +38,9 @@ _ABBREV = re.compile(r"(?:\b(?:e\.g|i\.e|vs|etc|approx|cf|incl|resp|no|fig|eq|ca
 # assignment and no command ("AssertionError: ...", "cuda_gpu_kern_sum: ... 38.2 %"): the
 # program's words, not the answer's, so they assert and recommend nothing.
 _OUTPUT_FENCES = frozenset({"", "text", "txt", "log", "console", "output", "plaintext"})
+# A blockquoted config line ("> `recompute_modules: [up_proj, moe_act]`"): a review quoting
+# the user's diff or a log, not the answer's own setting.
+_QUOTED_SETTING = re.compile(r"^\s*>\s?`?[A-Za-z]\w{0,40}[_.][\w.\[\]-]{0,80} ?[:=] ?\S")
 _COMMAND_LINE = re.compile(r"=|^\s*(?:[$>#-]|export\b|python|torchrun|srun|sbatch|bash\b|"
                            r"nsys\b|grep\b|uv\b|pip\b)")
 
@@ -301,6 +304,10 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
         if fm:
             flush()
             fence = fm.group(1) + fm.group(2).lower()
+            continue
+        if _QUOTED_SETTING.match(line):
+            flush()
+            add(line.lstrip(" >"), quoted=True)
             continue
         h = _HEADING.match(line)
         if h:

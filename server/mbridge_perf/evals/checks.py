@@ -123,14 +123,17 @@ def order(a: Answer, pairs: list[list[str]]) -> list[Expectation]:
 
 
 # A recommendation that says it goes before everything else, wherever it stands in the text
-# ("Before any of these, set X", "set X first."): for the lenient order it comes first.
+# ("Before any of these, set X", "Before any of that: check X", "set X first."): for the lenient
+# order it comes first.
 _PUT_FIRST = re.compile(
-    r"\bbefore (?:any|all|each|either|every one) of (?:these|this|them|those|the (?:above|options|"
+    r"\bbefore (?:any|all|each|either|every one) of (?:these|this|that|them|those|the (?:above|options|"
     r"steps|three|two))\b|\bbefore (?:anything|everything) else\b|\bfirst of all\b"
     r"|\bbefore (?:you )?(?:touch|try|chang|pick|reach)\w* (?:any|anything|a |the |for )"
     r"|\b(?:set|export|fix|check|apply|enable|confirm|add|try) [^.;]{1,80} first(?= ?(?:[.;:!)]|$))"
     # Japanese: "先に X を試す / 設定する" (X before the rest), "何よりも先に", "まず最初に"
-    r"|先に[^。;]{1,80}?(?:試|設定|入れ|適用|有効|export)|何よりも先に|まず最初に")
+    r"|先に[^。;]{1,80}?(?:試|設定|入れ|適用|有効|export)|何よりも先に|まず最初に"
+    # a step that opens with "その前に" (before that) is placed ahead of the steps above it
+    r"|^(?:\d+[.)] ?)?その前に")
 
 
 def _put_first(m: Match) -> bool:

@@ -85,6 +85,9 @@ _ADVICE = re.compile(
     # Japanese requests and recommendations ("上げてください", "入れましょう", "がおすすめ")
     r"|てください|て下さい|ましょう|(?:おすすめ|お勧め|推奨し)(?!(?:し|でき)?(?:ません|ない))|すべき"
     r"|べきです|のが(?:よい|良い|いい)"
+    # a slide's or runbook's step in the plain form, led by its place in the sequence ("まず
+    # core_attn を recompute して…", "次に moe_act を足す")
+    r"|(?:^|、)(?:まず|最初に|次に)(?:は)?(?:、| )?[^。]{0,60}?を"
     # a config line of a code block that sets a key ("cfg.model.cpu_offloading = true"); a
     # key set to none / false / 0 turns it off
     r"|^[a-z_]\w{0,20}(?:\.\w{1,60}){1,4} ?=(?! ?(?:none|false|0)\b| ?\[\]) ?")

@@ -19,12 +19,15 @@ from mbridge_perf.evals.vocab import SIZE_TOKENS, SIZES
 # Parallel sizes: every spelling becomes one token ("tp=8"), so TP=8, TP8, "tensor parallel
 # size 8" and tensor_model_parallel_size=8 match each other and PP=8 never matches VPP=8.
 _SIZES = SIZES
-_SIZE_RE = [(re.compile(rf"(?<![a-z0-9_.])(?:{pat})(?![a-z_])"), tok) for pat, tok in _SIZES]
+# (a config path's "model." is no word boundary: model.pipeline_model_parallel_size is PP)
+_SIZE_RE = [(re.compile(rf"(?:(?<![a-z0-9_.])|(?<=model\.))(?:{pat})(?![a-z_])"), tok)
+            for pat, tok in _SIZES]
 _SIZE_TOK = SIZE_TOKENS
 # (normalise applies it after white space runs became one space: one optional space a side)
 # (Japanese puts a particle between the size and its value: "PP を 4 → 8", "TP は 8"; "TP を 2 倍"
 # is a factor, not a size)
-_SIZE_VALUE = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK}) ?(?:=|:|of|to|is|at|from|size|を|は|が)?"
+# (a table row puts the value in the next cell: "| pp | 4 -> 8 |")
+_SIZE_VALUE = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK}) ?(?:=|:|\||of|to|is|at|from|size|を|は|が)?"
                          r" ?(\d{1,9})(?!\d|\.\d| ?倍)")
 _SIZE_ARROW = re.compile(rf"(?<![a-z0-9_])({_SIZE_TOK})=(\d+)\s*(?:->|→|to)\s*(\d+)")
 _FLAG_VALUE = re.compile(r"(?<![\w\-])(--?[a-z][a-z0-9_\-]{0,63})\s{1,8}(\d{1,12}|true|false)\b")
@@ -140,6 +143,9 @@ _SUFFIX = re.compile(
     r"not first|not the first|is not needed|not needed|not a memory|asserts|is refused|"
     r"is a myth|would fail|breaks|crash(?:es)?|no effect|not help|not valid|invalid|"
     r"does not exist|do not exist|not allowed|out of scope|deprecated|costs? -?\d|"
+    # "up_proj: not a recompute label", "not a valid field"
+    r"not an? (?:valid |real |known |supported |recompute |config )?(?:label|field|flag|key|"
+    r"option|choice|module)|"
     r"(?:frees|saves|saved|freed) (?:about |almost |only |≈ ?|~)?(?:0\b|nothing|little))"
     # Japanese puts the verdict after its subject ("X は … と組み合わせるとアサートします",
     # "X は使えません", "X ではなく Y")

@@ -126,8 +126,9 @@ def order(a: Answer, pairs: list[list[str]]) -> list[Expectation]:
 # ("Before any of these, set X", "Before any of that: check X", "set X first."): for the lenient
 # order it comes first.
 _PUT_FIRST = re.compile(
-    r"\bbefore (?:any|all|each|either|every one) of (?:these|this|that|them|those|the (?:above|options|"
-    r"steps|three|two))\b|\bbefore (?:anything|everything) else\b|\bfirst of all\b"
+    r"\bbefore (?:any|all|each|either|every one) of (?:these|this|that|them|those|"
+    r"the (?:above|options|steps|three|two))\b"
+    r"|\bbefore (?:anything|everything) else\b|\bfirst of all\b"
     r"|\bbefore (?:you )?(?:touch|try|chang|pick|reach)\w* (?:any|anything|a |the |for )"
     r"|\b(?:set|export|fix|check|apply|enable|confirm|add|try) [^.;]{1,80} first(?= ?(?:[.;:!)]|$))"
     # Japanese: "先に X を試す / 設定する" (X before the rest), "何よりも先に", "まず最初に"

@@ -65,6 +65,9 @@ def shapes() -> dict[str, str]:
         "one sentence": "do not raise tp to 8 but set expandable segments " * 5000,
         "arithmetic": "131072 / 4096 = 16 × (4·32) = 128 ÷ 2 = 64; " * 5000,
         "colons and labels": "Recompute: full: offload: graphs: day one: baseline: " * 4000,
+        # one comment sentence wrapped over 10,000 lines of a code block
+        "wrapped comments": "```yaml\n" + "# and mlp recompute costs 3 % so raise tp\n" * 5000
+                            + "```\n",
     }
 
 

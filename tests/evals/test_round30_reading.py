@@ -119,3 +119,24 @@ def test_fp8_for_speed_with_memory_kept_is_not() -> None:
     text = ("An FP8 recipe is for speed: it keeps the BF16 weights, so memory will not drop; "
             "for memory use FP8 param gather.\n")
     assert "fp8-saves-memory" not in found(MEMORY, text)
+
+
+# ---------------------------------------------------------------- wrapped comments in code
+
+def test_a_sentence_wrapped_over_comment_lines_is_one_unit() -> None:
+    text = ("```yaml\n"
+            "# Target: 32x H100, TP4 PP4\n"
+            "# Next: recompute the norms only; their cost stays below one percent and\n"
+            "# (per the measured runs) frees little.\n"
+            "recompute_modules: [layernorm]   # inline note stays with its line\n"
+            "```\n")
+    norms = [u.norm for u in parse_answer(text).units]
+    assert norms == ["# target: 32x h100, tp=4 pp=4",
+                     "# next: recompute the norms only; their cost stays below one percent "
+                     "and (per the measured runs) frees little.",
+                     "recompute_modules: [layernorm] # inline note stays with its line"]
+
+
+def test_comment_lines_that_open_new_thoughts_stay_apart() -> None:
+    text = "```bash\n# Step 1: export the allocator flag\n# Step 2: rerun 50 steps\n```\n"
+    assert len(parse_answer(text).units) == 2

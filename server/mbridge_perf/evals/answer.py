@@ -359,5 +359,38 @@ def _close_fence(fence: str, code: list[str], blocks: list[Any], units: list[Uni
                         add(sentence)
             return
     output = fence[3:] in _OUTPUT_FENCES
-    for line in code:
+    for line in _join_comments(code):
         add(line, quoted=output and not _COMMAND_LINE.search(line))
+
+
+# A whole-line comment of a config or script ("# Next rung: recompute the FFN. It takes ...").
+_COMMENT = re.compile(r"^\s*(?:#|//)\s?(?!!)")
+# A comment line that carries on the sentence above it: it opens in lower case, a digit or a
+# parenthesis ("# inside the 5 % gate ...", "# (~3 GB). The cost ...").
+_CARRY_ON = re.compile(r"^[a-z0-9(~]")
+_ENDS = (".", "!", "?", ":")
+
+
+def _join_comments(code: list[str]) -> list[str]:
+    """Code lines, with a sentence wrapped over several whole-line comments read as one (its
+    subject on one line, its verdict on the next), split again at sentence ends. A comment
+    line that opens a new thought (a capital, after a full stop or a colon) stays its own."""
+    out: list[str] = []
+    prose: list[list[str]] = []    # the logical comment lines of the current run, in parts
+
+    def close() -> None:
+        out.extend(f"# {t.strip()}" for p in prose for t in _sentences(" ".join(p)) if t.strip())
+        prose.clear()
+
+    for line in code:
+        m = _COMMENT.match(line)
+        body = line[m.end():].strip() if m else ""
+        if not body:
+            close()
+            out.append(line)
+        elif prose and _CARRY_ON.match(body) and not prose[-1][-1].endswith(_ENDS):
+            prose[-1].append(body)
+        else:
+            prose.append([body])
+    close()
+    return out

@@ -164,26 +164,12 @@ def _by_rank(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _recommendation_units(data: Any, start: int) -> list[Unit]:
-    """A structured recommendation list ({rank, knob, value, rationale}) as ordered units; without
-    a "recommendations" key, the knob lists of _knob_list_units."""
+    """A structured recommendation list as ordered units: the "recommendations" list when there
+    is one ({rank, knob, value, rationale, ...}), else the first list of knob entries under any
+    key; each entry read with its prose fields (rationale, expected effect, cost, note), every
+    list under a rejecting key as rejected units, and the layout's sizes."""
     if not isinstance(data, dict):
         return []
-    recs = data.get("recommendations")
-    if not isinstance(recs, list):
-        return _knob_list_units(data, start)
-    units = []
-    for k, r in enumerate(_by_rank([r for r in recs if isinstance(r, dict)])):
-        text = f"{r.get('knob', '')}={_scalar(r.get('value'))}"
-        if r.get("rationale"):
-            text += f" — {r['rationale']}"
-        units.append(Unit(text, normalise(text), start + k))
-    return units
-
-
-def _knob_list_units(data: dict[str, Any], start: int) -> list[Unit]:
-    """The first list of knob entries under any key (its other prose fields read with each
-    knob), every list under a rejecting key as rejected units, and the layout's sizes; none
-    without a list of knobs to recommend."""
     out: list[tuple[str, bool]] = []
     layout = data.get("layout")
     if isinstance(layout, dict):
@@ -191,28 +177,30 @@ def _knob_list_units(data: dict[str, Any], start: int) -> list[Unit]:
                  if str(k).lower() in _SIZE_KEYS and isinstance(v, int)]
         if sizes:
             out.append((f"layout: {', '.join(sizes)}", False))
-    found = False
+    recs = data.get("recommendations")
+    found = isinstance(recs, list)
+    if found:
+        out += [(_entry_text(r), False) for r in _by_rank([r for r in recs
+                                                             if isinstance(r, dict)])[:64]]
     for key, value in data.items():
         items = _knob_list(value)
-        if not items:
-            continue
         rejecting = bool(_REJECTING.match(str(key).lower()))
-        if not rejecting:
-            if found:
-                continue
-            found = True
-            items = _by_rank(items)
-        for r in items[:64]:
-            knob = next(str(r[f]) for f in _KNOB_FIELDS if f in r)
-            text = f"{knob}={_scalar(r['value'])}" if "value" in r else knob
-            prose = [v for v in r.values() if isinstance(v, str) and _PROSE.search(v)]
-            if prose:
-                text += " — " + " — ".join(prose)
-            out.append((text, rejecting))
+        if not items or (found and not rejecting):
+            continue
+        found = found or not rejecting
+        out += [(_entry_text(r), rejecting) for r in (items if rejecting else _by_rank(items))[:64]]
     if not found:
         return []
     return [Unit(t, normalise(t), start + k, unit_is_late(normalise(t)), negated_section=neg)
             for k, (t, neg) in enumerate(out)]
+
+
+def _entry_text(r: dict[str, Any]) -> str:
+    """One knob entry as a statement: ``knob=value — its prose fields``."""
+    knob = next((str(r[f]) for f in _KNOB_FIELDS if f in r), "")
+    text = f"{knob}={_scalar(r['value'])}" if "value" in r else knob
+    prose = [v for v in r.values() if isinstance(v, str) and _PROSE.search(v)]
+    return " — ".join([text, *prose]) if text else " — ".join(prose)
 
 
 # A JSON value read as prose: a string of at least two words (not an id, path or one label).
@@ -359,8 +347,18 @@ def _close_fence(fence: str, code: list[str], blocks: list[Any], units: list[Uni
                         add(sentence)
             return
     output = fence[3:] in _OUTPUT_FENCES
+    shown = (fence[3:] not in _SHELL_FENCES and bool(code)
+             and _STATE_SHOWN.match(code[0]) is not None)
     for line in _join_comments(code):
-        add(line, quoted=output and not _COMMAND_LINE.search(line))
+        add(line, quoted=shown or (output and not _COMMAND_LINE.search(line)))
+
+
+_SHELL_FENCES = frozenset({"bash", "sh", "shell", "zsh", "console", "shell-session"})
+# A config block headed by a comment saying it shows what the user has ("# current config", "# what
+# the resolved config will show", "# before"): the settings it lists are the state, not advice.
+_STATE_SHOWN = re.compile(r"^\s*(?:#|//)\s*(?:what )?(?:the |your )?(?:current|existing|resolved"
+                          r"|before\b|as[- ]is\b|what you have|your (?:config|setup|yaml))",
+                          re.IGNORECASE)
 
 
 # A whole-line comment of a config or script ("# Next rung: recompute the FFN. It takes ...").

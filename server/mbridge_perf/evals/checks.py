@@ -20,7 +20,7 @@ from mbridge_perf.evals.claims import (
 from mbridge_perf.evals.jsonpath import PathError, query
 from mbridge_perf.evals.keys import invented_keys
 from mbridge_perf.evals.matching import mentioned, recommended
-from mbridge_perf.evals.text import Match, Unit, clip, find
+from mbridge_perf.evals.text import Match, Unit, clip, find, is_question
 
 
 @dataclass
@@ -169,13 +169,22 @@ _RETAIN = re.compile(r"\b(?:stay|stays|stick|sticks|remain|remains|continue)(?: 
                      r" with| on| at)\b|\bkeep (?:using|running)\b")
 
 
+# "It only belongs to full (with recompute_method)", "this applies only to selective": where a
+# field belongs, stated - not a step taken.
+_WHERE_IT_BELONGS = re.compile(r"\b(?:only )?belongs? (?:only )?to\b|\bappl(?:y|ies) only to\b"
+                               r"|\bonly appl(?:y|ies) to\b|\bis only (?:for|meaningful|valid) ")
+
+
 def _placed(m: Match, verify: set[int]) -> bool:
     """Whether a recommendation places its checklist step in the answer's sequence: not a
-    setting kept as it is, and not evidence named in a verification statement (``verify``:
-    the units that verify, when the card marks its verification step)."""
-    if m.unit.index in verify:
+    setting kept as it is, not a question back to the user ("has the job run with X?"), not a
+    statement of where a field belongs, and not evidence named in a verification statement
+    (``verify``: the units that verify, when the card marks its verification step)."""
+    if m.unit.index in verify or is_question(m.unit):
         return False
     s = m.unit.norm
+    if _WHERE_IT_BELONGS.search(s):
+        return False
     return _RETAIN.search(s, max(0, m.start - 30), m.start) is None
 
 

@@ -94,6 +94,8 @@ _ADVICE = re.compile(
 # "Recompute: full, recompute_granularity=full" — a terse label line is advice for what follows
 # its colon closely.
 _LABEL_LEAD = re.compile(r"^(?:\d+[.)] ?)?[a-z][\w /-]{0,30}: ")
+# A search command line ("$ grep -E 'core_attn|...' train.log", "... | rg moe_act").
+_SEARCH = re.compile(r"(?:^|\$ |\| ?)(?:grep|egrep|zgrep|rg)\b")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 # "X, not Y" / "X — never Y" / "X rather than Y": a contrast that negates what follows it.
 _CONTRAST = re.compile(r"(?:[,;]|\s[—–-]) (?:but |and )?(?:not|never|rather than|instead of)\b")
@@ -215,6 +217,8 @@ def _asserted_in(m: Misconception, u: Unit, body: str = "") -> bool:
         return not (any(is_negated(u, h.start(), h.end()) for h in (hits[0], hits[-1]))
                     or _CONTRAST.search(s, hits[-1].start(), hits[-1].end()))
     if m.kind == "action":
+        if _SEARCH.search(s):
+            return False    # "$ grep core_attn train.log": a term searched for, not advice
         label = _LABEL_LEAD.match(s)
         # the head of a numbered plan step is advice ("2. **Selective recompute with mlp.**")
         advice = (u.lead or bool(_ADVICE.search(s))

@@ -326,7 +326,8 @@ def _first_at(starts: list[int], spans: list[tuple[int, int]], lo: int, hi: int
 
 _SUBSTITUTE = ("instead of", "rather than")
 # "recompute_num_layers=None": a key set to none is reset, not recommended.
-_RESET = re.compile(r" ?[:=] ?(?:none|null)\b")
+_RESET = re.compile(r" ?(?:[:=]|(?:must|should|has to|needs to) (?:be|stay|remain)|(?:is )?set to)"
+                    r" ?(?:none|null)\b")
 
 
 def _prefixed(sc: _Scan, s: str, lo: int, start: int) -> bool:
@@ -342,8 +343,9 @@ def _prefixed(sc: _Scan, s: str, lo: int, start: int) -> bool:
 
 
 def is_recommended(unit: Unit, start: int, end: int) -> bool:
-    """Whether the match [start, end) of a unit is advice rather than a mention."""
-    if unit.negated_section:
+    """Whether the match [start, end) of a unit is advice rather than a mention (a quoted line -
+    program output, the user's diff in a review - is never the answer's advice)."""
+    if unit.negated_section or unit.quoted:
         return False
     s = unit.norm
     sc = _scan(s)

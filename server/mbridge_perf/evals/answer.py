@@ -13,7 +13,14 @@ import yaml
 
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.limits import load_yaml
-from mbridge_perf.evals.text import Unit, heading_flags, negated_intro, normalise, unit_is_late
+from mbridge_perf.evals.text import (
+    Unit,
+    heading_flags,
+    kept_intro,
+    negated_intro,
+    normalise,
+    unit_is_late,
+)
 
 MAX_ANSWER_BYTES = 1_000_000
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
@@ -256,13 +263,15 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
 
     # the paragraph / list item number; whether it is a list item, an ordered one; whether a
     # negated lead-in ("Things I would not do:") governs the list items that follow it
-    st = {"block": 0, "item": False, "ordered": False, "list_neg": False, "parent": -1}
+    st = {"block": 0, "item": False, "ordered": False, "list_neg": False, "list_kept": False,
+          "parent": -1}
 
     def add(piece: str, lead: bool = False, quoted: bool = False) -> None:
         for chunk in _bounded(piece.strip()):
             norm = normalise(chunk)
             units.append(Unit(chunk, norm, len(units), late or unit_is_late(norm),
                               neg or st["list_neg"], lead=lead, block=st["block"],
+                              kept=bool(st["list_kept"]) and st["item"],
                               quoted=quoted))
             lead = False
 
@@ -270,11 +279,12 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
         if para:
             whole = " ".join(para)
             if not st["item"]:
-                st["list_neg"] = False
+                st["list_neg"] = st["list_kept"] = False
             for k, sentence in enumerate(_sentences(whole)):
                 add(sentence, lead=st["ordered"] and k == 0)
             if not st["item"]:
                 st["list_neg"] = negated_intro(whole)
+                st["list_kept"] = kept_intro(whole)
             para.clear()
         st["block"] += 1
         st["item"] = st["ordered"] = False
@@ -301,7 +311,7 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
         if h:
             flush()
             neg, late = heading_flags(h.group(2))
-            st["list_neg"] = False
+            st["list_neg"] = st["list_kept"] = False
             continue
         if (not line.strip() or _LIST.match(line) or _MARK.match(line)
                 or line.lstrip().startswith("|")):

@@ -130,7 +130,8 @@ _PUT_FIRST = re.compile(
     r"the (?:above|options|steps|three|two))\b"
     r"|\bbefore (?:anything|everything) else\b|\bfirst of all\b"
     r"|\bbefore (?:you )?(?:touch|try|chang|pick|reach)\w* (?:any|anything|a |the |for )"
-    r"|\b(?:set|export|fix|check|apply|enable|confirm|add|try) [^.;]{1,80} first(?= ?(?:[.;:!)]|$))"
+    r"|\b(?:set|export|fix|check|apply|enable|confirm|add|try) [^.;]{1,80} first"
+    r"(?= ?(?:[.;:!)(,—–]|$))"
     # Japanese: "先に X を試す / 設定する" (X before the rest), "何よりも先に", "まず最初に"
     r"|先に[^。;]{1,80}?(?:試|設定|入れ|適用|有効|export)|何よりも先に|まず最初に"
     # a step that opens with "その前に" (before that) is placed ahead of the steps above it
@@ -177,15 +178,46 @@ _WHERE_IT_BELONGS = re.compile(r"\b(?:only )?belongs? (?:only )?to\b|\bappl(?:y|
 
 def _placed(m: Match, verify: set[int]) -> bool:
     """Whether a recommendation places its checklist step in the answer's sequence: not a
-    setting kept as it is, not a question back to the user ("has the job run with X?"), not a
-    statement of where a field belongs, and not evidence named in a verification statement
-    (``verify``: the units that verify, when the card marks its verification step)."""
-    if m.unit.index in verify or is_question(m.unit):
+    setting kept as it is (nor an item under a "Leave as is" lead-in), not a question back to
+    the user ("has the job run with X?"), not a statement of where a field belongs, and not
+    evidence named in a verification statement (``verify``: the units that verify, when the
+    card marks its verification step)."""
+    if m.unit.index in verify or m.unit.kept or is_question(m.unit):
         return False
     s = m.unit.norm
     if _WHERE_IT_BELONGS.search(s):
         return False
     return _RETAIN.search(s, max(0, m.start - 30), m.start) is None
+
+
+def _steps(units: list[Unit]) -> list[int]:
+    """For each unit, the number of the numbered plan step it stands in (the last step head at
+    or before it), -1 before the first."""
+    out, step = [], -1
+    for u in units:
+        step += u.lead
+        out.append(step)
+    return out
+
+
+# A step head that says its step comes first ("1. **Selective recompute first.**").
+_CLAIMS_FIRST = re.compile(r"\bfirst\b|\bstart (?:with|by)\b|まず|最初に")
+
+
+def _first_step(hits: list[Match], steps: list[int], claimed: bool = False) -> int:
+    """The first numbered step a hit stands in, -1 if none (``claimed``: only a step whose head
+    names the item and says it comes first)."""
+    return min((steps[m.unit.index] for m in hits
+                if 0 <= m.unit.index < len(steps) and steps[m.unit.index] >= 0
+                and (not claimed or (m.unit.lead and _CLAIMS_FIRST.search(m.unit.norm)))),
+               default=-1)
+
+
+def _later_step(x: tuple[Any, ...], y: tuple[Any, ...]) -> bool:
+    """A numbered plan whose step head puts the card's later item ``y`` first, in a step before
+    every step that names ``x`` ("1. **Selective recompute first.** 2. Then set the
+    allocator"): out of order, unless ``x`` says it goes first."""
+    return y[6] >= 0 and x[5] > y[6] and x[1] != (-1, -1)
 
 
 def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist", *,
@@ -198,8 +230,9 @@ def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist", 
     not another step's term inside a statement that verifies); an item ``ordered: false`` is
     judged present but in no order."""
     out: list[Expectation] = []
-    ranks: list[tuple[str, tuple[int, int], Match]] = []
+    ranks: list[tuple[Any, ...]] = []
     verify: set[int] = set()
+    steps = _steps(a.units)
     if lenient_order and any(i.get("verification") for i in items):
         # (a contract that names the window, "iterations 41-50", is still the contract)
         verify = {u.index for u in a.units if _VERIFY.search(u.norm)}
@@ -228,10 +261,11 @@ def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist", 
                 first = next((m for m in hits if _put_first(m)), None)
                 if first is not None:
                     ranks[-1] = (item["id"], (-1, -1), first)
-                ranks[-1] = (*ranks[-1], hits[-1].rank, hits[-1])
+                ranks[-1] = (*ranks[-1], hits[-1].rank, hits[-1], _first_step(hits, steps),
+                             _first_step(hits, steps, claimed=True))
     if lenient_order and len(ranks) > 1:
         bad = [(x, y) for x, y in pairwise(ranks)
-               if x[1] > y[3] and not _one_config_block(x[2], y[4])]
+               if (x[1] > y[3] or _later_step(x, y)) and not _one_config_block(x[2], y[4])]
         evidence = ("; ".join(f"'{y[0]}' ({y[4].evidence}) comes before '{x[0]}' "
                               f"({x[2].evidence})" for x, y in bad) if bad
                     else " < ".join(f"{r[0]} ({clip(r[2].unit.text, 60)})" for r in ranks))

@@ -12,7 +12,9 @@ from importlib import resources
 
 from mbridge_perf.evals.text import Unit, is_recommended
 
-_DOTTED = re.compile(r"(?<![A-Za-z0-9_.])([a-z_]+)\.([A-Za-z_][A-Za-z0-9_]*)\b")
+# (a Python recipe's "cfg.model.X": the config object's name before the section is no section)
+_DOTTED = re.compile(r"(?<![A-Za-z0-9_.])(?:(?:cfg|config|conf|recipe|c)\.)?([a-z_]+)\."
+                     r"([A-Za-z_][A-Za-z0-9_]*)\b")
 # ("up_proj: not a recompute label" is a verdict on the name, not a setting)
 _ASSIGN = re.compile(r"(?<![A-Za-z0-9_.\-])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\s*"
                      r"(?:=|:\s(?!\s*(?:not|no|invalid|unknown|wrong|does not|doesn't)\b))")

@@ -133,7 +133,7 @@ _PREFIX = re.compile(
     r"\b(?:do not|don't|dont|does not|doesn't|never|avoid(?:ing)?|instead of|rather than|not|no|"
     r"without|nor|neither|reject(?:ed)?|against|stop|drop|disable|turn off|switch off|remove|"
     r"skip|cannot|can't|won't|will not|wrong|myth|bad idea|refuse[sd]?|forbid(?:den)?|"
-    r"do not use|unsafe)\b|[❌✗🚫]"
+    r"do not use|unsafe)\b|[❌✗🚫🔴]"
     # "leave core_attn out", "keep X out of the list": the object sits between verb and "out"
     r"|\b(?:leave|keep)\b(?=(?: [^ ;.,]{1,40}){1,3} out\b)")
 _SUFFIX = re.compile(
@@ -146,7 +146,8 @@ _SUFFIX = re.compile(
     # "up_proj: not a recompute label", "not a valid field"
     r"not an? (?:valid |real |known |supported |recompute |config )?(?:label|field|flag|key|"
     r"option|choice|module)|"
-    r"(?:frees|saves|saved|freed) (?:about |almost |only |≈ ?|~)?(?:0\b|nothing|little))"
+    r"(?:frees|saves|saved|freed|buys|bought) (?:about |almost |only |roughly |around |nearly |"
+    r"close to |essentially |practically |virtually |≈ ?|~)?(?:0\b|nothing|little|zero))"
     # Japanese puts the verdict after its subject ("X は … と組み合わせるとアサートします",
     # "X は使えません", "X ではなく Y")
     r"|アサート|アサーション|できません|できない|使えません|使えない|効きません|効かない|減りません|"
@@ -204,7 +205,9 @@ _REPORTED = re.compile(
     r"\b(?:you plan|you are planning|planning to|plans? to|teammate|colleague|someone|he wants|"
     r"she wants|wants to|proposes?|proposed|suggests?|suggested|claims?|claimed|the question|"
     r"your current|you currently|currently|you tried|was tried|you set|you have|your config|"
-    r"the review bot|review bot|asked|runbook says|already)\b")
+    r"the review bot|review bot|asked|runbook says|already)\b"
+    # Japanese: results so far, what was measured ("これまでの傾向", "今までの実測")
+    r"|(?:これまで|今まで)(?:の|に|で)|実測(?:では|値|結果)|測定結果")
 _LATE = re.compile(
     r"only as a last resort|as a last resort|last resort|only if (?:it |the oom |the job |you |"
     r"that |this )?still|only if the oom persists|(?:a |as a )later step|as a last step|"
@@ -227,6 +230,7 @@ class Unit:
     lead: bool = False      # the first sentence of an ordered list item (a plan step's head)
     block: int = -1         # the paragraph / list item it belongs to (-1: none known)
     quoted: bool = False    # a line of quoted program output (a log or error message)
+    kept: bool = False      # a list item under "Leave as is:" - a setting kept, not a step
 
 
 @dataclass(frozen=True)
@@ -277,7 +281,8 @@ class _Scan:
         self.not_first_starts = [p[0] for p in self.not_first]
         self.graph_lists = [(m.start(), m.end()) for m in _GRAPH_LIST.finditer(s)]
         bar = s.find("|", 1) if s.startswith("|") else -1
-        self.row_rejected = bar > 0 and bool(_ROW_NO.search(s, bar))
+        self.row_rejected = (bar > 0 and bool(_ROW_NO.search(s, bar))) or bool(
+            _VERDICT_TAIL.search(s))
 
     def clause(self, start: int, end: int, n: int) -> tuple[int, int]:
         k = bisect_right(self.break_ends, start) - 1
@@ -354,7 +359,7 @@ def is_recommended(unit: Unit, start: int, end: int) -> bool:
     if _inside(sc.if_missing, start, end):
         return True
     lo, hi = sc.clause(start, end, len(s))
-    if _inside(sc.cond, start, end) and not _inside(sc.late, start, end):
+    if _inside(sc.cond, start, end):
         return False
     k = bisect_left(sc.reported, lo)
     if (k < len(sc.reported) and sc.reported[k] < hi) or _under_label(sc, start):
@@ -396,6 +401,9 @@ _LABEL = re.compile(r"\b(?:avoid|do not|don't|never|rejected|not recommended|wha
 # A table row whose verdict cell (any cell after the first) opens with a rejection: "| TP 4→8 |
 # no (-28.4 %) |", "| CPU offload | ✗ at PP=4 |".
 _ROW_NO = re.compile(r"\| ?(?:(?:no|not|never|avoid|do not|skip|rejected|out)\b|[✗❌🚫])")
+# A review's verdict closing the line it judges ("`recompute_modules: [up_proj]` — blocking."):
+# the whole unit is the rejected item.
+_VERDICT_TAIL = re.compile(r"[—–] ?(?:blocking|rejected|invalid|wrong|not valid)[^a-z]{0,3}$")
 # A graph scope list names modules that are captured, not recomputed.
 _GRAPH_LIST = re.compile(r"cuda[_ ]graph[_ ](?:modules|scope)\s*[:=]?\s*\[[^\]]{0,200}\]|"
                          r"(?:graph(?:s|ed)?|capture[sd]?)\s+(?:scope|modules?)\s*[:=]?\s*"
@@ -521,6 +529,19 @@ def negated_intro(paragraph: str) -> bool:
     text = paragraph.strip()
     return (text.endswith(":") and len(text) <= 160
             and bool(_NEG_INTRO.match(normalise(text))))
+
+
+# A short lead-in that keeps what it lists ("**Leave as is / please confirm**", "Unchanged:",
+# "Keep these:"): the items are settings kept as they are, not steps of the plan.
+_KEPT_INTRO = re.compile(r"\W{0,4}(?:(?:leave|keep)(?: (?:these|this|them|it|the rest))? "
+                         r"(?:as[ -]is|unchanged|alone)|unchanged\b|no change|fine as[ -]is|"
+                         r"what is (?:fine|right|correct)|already (?:right|fine|correct))")
+
+
+def kept_intro(paragraph: str) -> bool:
+    """A short paragraph (at most 80 characters) that keeps the list it introduces."""
+    text = paragraph.strip()
+    return len(text) <= 80 and bool(_KEPT_INTRO.match(normalise(text)))
 
 
 _UNIT_LATE = re.compile(

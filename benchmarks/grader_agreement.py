@@ -141,7 +141,9 @@ BLIND = {"heldout": "blind batch 1 (measured once at 19/24, developed on since)"
          "heldout9": "blind batch 9 (measured once at 25/32, developed on since)",
          "heldout10": "blind batch 10 (measured once at 25/32, developed on since)",
          "heldout12": "blind batch 12 (measured once at 24/32, developed on since)",
-         "heldout13": "blind batch 13 (measured once at 20/32, developed on since)"}
+         "heldout13": "blind batch 13 (measured once at 20/32, developed on since)",
+         "heldout11": "blind batch 11 (measured once at 23/32, developed on since)",
+         "heldout14": "blind batch 14 (measured once at 22/32, developed on since)"}
 PREFIX = "nemo-mbridge-perf-"
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 

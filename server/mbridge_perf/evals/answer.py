@@ -215,18 +215,31 @@ _PROSE = re.compile(r"\S \S")  # two words (\S+ would rescan each start: quadrat
 
 
 def _json_prose(data: Any, depth: int = 0) -> list[str]:
-    """The prose strings of a JSON value, in document order (bounded depth and count)."""
+    """The prose strings of a JSON value, in document order (bounded depth and count); a
+    setting keyed by its config path ({"model.cuda_graph_modules": ["moe"]}) reads as
+    ``model.cuda_graph_modules=[moe]``."""
     if depth > 8:
         return []
     if isinstance(data, str):
         return [data] if _PROSE.search(data) else []
-    items = data.values() if isinstance(data, dict) else data if isinstance(data, list) else []
+    if isinstance(data, dict):
+        pairs = list(data.items())
+    else:
+        pairs = [(None, v) for v in data] if isinstance(data, list) else []
     out: list[str] = []
-    for v in items:
-        out += _json_prose(v, depth + 1)
+    for k, v in pairs:
+        if (isinstance(k, str) and _CONFIG_PATH.match(k)
+                and isinstance(v, str | int | float | bool | list)):
+            out.append(f"{k}={_scalar(v)}")
+        else:
+            out += _json_prose(v, depth + 1)
         if len(out) >= 400:
             break
     return out
+
+
+# A JSON key that is a config path ("model.cuda_graph_modules", "optimizer.optimizer_cpu_offload").
+_CONFIG_PATH = re.compile(r"^[a-z_]{1,30}\.[a-z_][a-z0-9_]{1,60}$")
 
 
 def _scalar(value: Any) -> str:

@@ -135,7 +135,7 @@ _PUT_FIRST = re.compile(
     # Japanese: "先に X を試す / 設定する" (X before the rest), "何よりも先に", "まず最初に"
     r"|先に[^。;]{1,80}?(?:試|設定|入れ|適用|有効|export)|何よりも先に|まず最初に"
     # a step that opens with "その前に" (before that) is placed ahead of the steps above it
-    r"|^(?:\d+[.)] ?)?その前に")
+    r"|(?:^(?:\d+[.)] ?)?|。 ?)その前に")
 
 
 def _put_first(m: Match) -> bool:

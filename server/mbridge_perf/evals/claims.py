@@ -94,6 +94,21 @@ _ADVICE = re.compile(
 # "Recompute: full, recompute_granularity=full" — a terse label line is advice for what follows
 # its colon closely.
 _LABEL_LEAD = re.compile(r"^(?:\d+[.)] ?)?[a-z][\w /-]{0,30}: ")
+def _results_row(s: str) -> bool:
+    """A table row of measured results ("| baseline: flex + HybridEP | — | 244.039 | — |"):
+    most cells after the first are numbers or dashes and none says what to do - a run
+    reported, not a step advised."""
+    if not s.startswith("|") or _ROW_VERDICT.search(s):
+        return False
+    cells = [c.strip() for c in s.strip("| ").split("|")[1:]]
+    filled = [c for c in cells if c]
+    numeric = sum(bool(_RESULT_CELL.match(c)) for c in filled)
+    return len(filled) >= 2 and 2 * numeric >= len(filled)
+
+
+_ROW_VERDICT = re.compile(r"\b(?:do|first|use|set|add|apply|enable|try|recommend\w*|next|then|pick|"
+                          r"go|keep|ship|adopt|winner|best|start)\b")
+_RESULT_CELL = re.compile(r"^[-—–~≈+]?\s?(?:\d[\d.,]*\s?(?:%|s|ms|gb|gib|x|tflop/s)?)?$")
 # A search command line ("$ grep -E 'core_attn|...' train.log", "... | rg moe_act").
 _SEARCH = re.compile(r"(?:^|\$ |\| ?)(?:grep|egrep|zgrep|rg)\b")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -217,8 +232,8 @@ def _asserted_in(m: Misconception, u: Unit, body: str = "") -> bool:
         return not (any(is_negated(u, h.start(), h.end()) for h in (hits[0], hits[-1]))
                     or _CONTRAST.search(s, hits[-1].start(), hits[-1].end()))
     if m.kind == "action":
-        if _SEARCH.search(s):
-            return False    # "$ grep core_attn train.log": a term searched for, not advice
+        if _SEARCH.search(s) or _results_row(s):
+            return False    # a term searched for ("$ grep core_attn"), a row of results
         label = _LABEL_LEAD.match(s)
         # the head of a numbered plan step is advice ("2. **Selective recompute with mlp.**")
         advice = (u.lead or bool(_ADVICE.search(s))

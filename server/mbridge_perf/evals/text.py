@@ -128,7 +128,10 @@ def term_regex(term: str) -> re.Pattern[str]:
 # ---------------------------------------------------------------- cues
 
 _BREAK = re.compile(r";|\.\s|\?\s|!\s|\s[—–]\s|\s-\s|\)|\bbut\b|\bhowever\b|\bwhereas\b"
-                    r"|,\s*(?:then|so|and then|which|while|instead|it|this|that)\b|:\s|。")
+                    r"|,\s*(?:then|so|and then|which|while|instead|it|this|that)\b|:\s|。"
+                    # "skip the warm-up and average 11-20": a second imperative is its own clause
+                    r"|\band (?=(?:then )?(?:average|take|compute|use|set|add|run|compare|read|"
+                    r"enable|keep|export|measure|check)\b)")
 _PREFIX = re.compile(
     r"\b(?:do not|don't|dont|does not|doesn't|never|avoid(?:ing)?|instead of|rather than|not|no|"
     r"without|nor|neither|reject(?:ed)?|against|stop|drop|disable|turn off|switch off|remove|"
@@ -403,7 +406,11 @@ _LABEL = re.compile(r"\b(?:avoid|do not|don't|never|rejected|not recommended|wha
 _ROW_NO = re.compile(r"\| ?(?:(?:no|not|never|avoid|do not|skip|rejected|out)\b|[✗❌🚫])")
 # A review's verdict closing the line it judges ("`recompute_modules: [up_proj]` — blocking."):
 # the whole unit is the rejected item.
-_VERDICT_TAIL = re.compile(r"[—–] ?(?:blocking|rejected|invalid|wrong|not valid)[^a-z]{0,3}$")
+_VERDICT_TAIL = re.compile(r"[—–] ?(?:blocking|rejected|invalid|wrong|not valid)[^a-z]{0,3}$"
+                           # or a label's verdict after its colon ("CPU offloading: impossible
+                           # with PP > 1")
+                           r"|^[^:|]{1,60}: (?:impossible|not possible|unavailable|not available|"
+                           r"not allowed|forbidden|rejected|invalid|blocked|ruled out)\b")
 # A graph scope list names modules that are captured, not recomputed.
 _GRAPH_LIST = re.compile(r"cuda[_ ]graph[_ ](?:modules|scope)\s*[:=]?\s*\[[^\]]{0,200}\]|"
                          r"(?:graph(?:s|ed)?|capture[sd]?)\s+(?:scope|modules?)\s*[:=]?\s*"

@@ -109,6 +109,21 @@ failed), memory 6/8, long-context 7/8, workflow 8/8; good answers passed 13/16, 
 failed 12/16. Disclosure: during that development a helper's glob over benchmarks/heldout*
 printed the names of four heldout10 files and the top-level keys of their JSON answers; nothing
 else of it was read and no change was made or checked against it.
+
+Stop 30 (2026-12-03) wrote six more blind batches (heldout11-16, 32 answers each, 4 good / 4 bad
+per skill, same make-up; the writers read only the skills, their references and the seeds) and
+measured each once before any change for it, developing on each afterwards in rounds 30-32:
+heldout12 24/32 at 1137614; heldout13 20/32 at 966bee8; heldout11 23/32 and heldout14 22/32 at
+c1dcba2; heldout15 22/32 and heldout16 24/32 at ff45e76 - 135/192 (70 %), good answers passing
+74/96, bad answers failing 61/96. The same six batches graded by the grader at the start of the
+stop (8b23115) read 24, 19, 23, 22, 21 and 23 (132/192, 69 %): each round fixed what its batch
+showed (every developed batch reads 30-32/32 after it) but moved the next batch by 0-2 answers.
+On those 192 answers at 8b23115 the order check failed 8 good answers (6 as the only failing
+check) and 12 bad ones (2 as the only one); the misconception check failed 18 good (15 only) and
+55 bad (43 only). The grader's unseen agreement is therefore about 70 %, not the 90 % target,
+and adding readings and claims batch by batch does not close the gap: most bad answers that
+pass repeat a mistake class a card names (several classes recur across batches) in words its
+patterns do not reach.
 """
 
 from __future__ import annotations
@@ -143,7 +158,9 @@ BLIND = {"heldout": "blind batch 1 (measured once at 19/24, developed on since)"
          "heldout12": "blind batch 12 (measured once at 24/32, developed on since)",
          "heldout13": "blind batch 13 (measured once at 20/32, developed on since)",
          "heldout11": "blind batch 11 (measured once at 23/32, developed on since)",
-         "heldout14": "blind batch 14 (measured once at 22/32, developed on since)"}
+         "heldout14": "blind batch 14 (measured once at 22/32, developed on since)",
+         "heldout15": "blind batch 15 (measured once at 22/32, developed on since)",
+         "heldout16": "blind batch 16 (measured once at 24/32, developed on since)"}
 PREFIX = "nemo-mbridge-perf-"
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 

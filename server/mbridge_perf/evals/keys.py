@@ -23,6 +23,9 @@ _LIST_VALUE = re.compile(r"\b(recompute_modules|cuda_graph_modules)\s{0,8}[=:]\s
 # the perf-harness flag form: "--recompute_modules mla_up_proj,moe_act" (comma-separated)
 _FLAG_LIST = re.compile(r"--(recompute_modules|cuda_graph_modules)(?:=|\s{1,8})"
                         r"[\"']?([a-z_]{1,40}(?:,[a-z_]{1,40}){0,9})\b")
+# a second label after a space ("--recompute_modules layernorm moe_act"): argparse keeps the
+# first and rejects the second as an unrecognised argument
+_NEXT_WORD = re.compile(r" {1,8}([a-z_]{2,40})\b(?![=:(])")
 # what follows a flag's value on a command line: the next flag, a continuation, the end
 _FLAG_END = re.compile(r"[\"']?\s{0,40}(?:$|-|\\|[;&|#])")  # bounded: linear under search too
 _ENUM_VALUE = re.compile(r"\b(recompute_granularity|recompute_method|cuda_graph_impl)\s*[=:]\s*"
@@ -119,18 +122,27 @@ def invented_keys(units: list[Unit]) -> list[BadKey]:
             found += _bad_labels(m.group(1), (x.strip(" \"'") for x in m.group(2).split(",")),
                                  al.enums[m.group(1)])
         for m in _FLAG_LIST.finditer(low):
-            # a single plain word after the flag in prose ("--recompute_modules takes a list")
-            # is no value
-            if "," not in m.group(2) and "_" not in m.group(2) and not _FLAG_END.match(
-                    low, m.end()):
-                continue
-            found += _bad_labels(f"--{m.group(1)}", m.group(2).split(","), al.enums[m.group(1)])
+            found += _flag_list_errors(m, low, al.enums[m.group(1)])
         for m in _ENUM_VALUE.finditer(low):
             if m.group(2) not in al.enums[m.group(1)]:
                 found.append((m.group(2), f"{m.group(1)}={m.group(2)} (valid: "
                                           f"{', '.join(sorted(al.enums[m.group(1)]))})"))
         bad.extend(BadKey(what, u) for name, what in found if _recommended_at(u, name))
     return bad
+
+
+def _flag_list_errors(m: re.Match[str], low: str, allowed: frozenset[str]) -> list[tuple[str, str]]:
+    """A harness list flag's bad labels, or its labels split by a space (argparse keeps the
+    first and rejects the rest); a single plain word after the flag in prose
+    ("--recompute_modules takes a list") is no value."""
+    flag, value = m.group(1), m.group(2)
+    nxt = _NEXT_WORD.match(low, m.end())
+    if nxt and "," not in value and value in allowed and nxt.group(1) in allowed:
+        return [(flag, f"--{flag} {value} {nxt.group(1)} (the perf harness takes one "
+                       f"comma-separated value: {value},{nxt.group(1)})")]
+    if "," not in value and "_" not in value and not _FLAG_END.match(low, m.end()):
+        return []
+    return _bad_labels(f"--{flag}", value.split(","), allowed)
 
 
 def _after_dot(raw: str, start: int) -> bool:

@@ -134,6 +134,7 @@ _BREAK = re.compile(r";|\.\s|\?\s|!\s|\s[—–]\s|\s-\s|\)|\bbut\b|\bhowever\b|
                     r"enable|keep|export|measure|check)\b)")
 _PREFIX = re.compile(
     r"\b(?:do not|don't|dont|does not|doesn't|never|avoid(?:ing)?|instead of|rather than|not|no|"
+    r"none of|"
     r"without|nor|neither|reject(?:ed)?|against|stop|drop|disable|turn off|switch off|remove|"
     r"skip|cannot|can't|won't|will not|wrong|myth|bad idea|refuse[sd]?|forbid(?:den)?|"
     r"do not use|unsafe)\b|[❌✗🚫🔴]"
@@ -155,7 +156,11 @@ _SUFFIX = re.compile(
     # "X は使えません", "X ではなく Y")
     r"|アサート|アサーション|できません|できない|使えません|使えない|効きません|効かない|減りません|"
     r"減らない|非対応|未対応|サポートされ(?:ない|ません|ていない|ていません)|拒否|禁止|不可|"
-    r"共存できない|併用できない|エラーにな|(?:おすすめ|お勧め|推奨)(?:し|でき)?(?:ません|ない)|避け|やめ")
+    r"共存できない|併用できない|エラーにな|(?:おすすめ|お勧め|推奨)(?:し|でき)?(?:ません|ない)|避け|やめ"
+    # "X ではない", "X とは限りません" (not necessarily X), "X わけではない"
+    r"|ではない|ではありません|じゃない|とは限(?:らない|らず|りません)|わけではな|わけではありません"
+    # "cpu_offloading raises a ValueError": refused at startup
+    r"|\braises (?:a |an )?(?:valueerror|assertionerror|error|assertion)")
 # "X ではなく Y" negates the word right before it, not the clause's subject.
 _JA_NOT_AFTER = re.compile(r" ?(?:ではなく|じゃなく|でなく|でもなく)")
 _SUFFIX_REACH = 110
@@ -410,7 +415,9 @@ _VERDICT_TAIL = re.compile(r"[—–] ?(?:blocking|rejected|invalid|wrong|not va
                            # or a label's verdict after its colon ("CPU offloading: impossible
                            # with PP > 1")
                            r"|^[^:|]{1,60}: (?:impossible|not possible|unavailable|not available|"
-                           r"not allowed|forbidden|rejected|invalid|blocked|ruled out)\b")
+                           r"not allowed|forbidden|rejected|invalid|blocked|ruled out)\b"
+                           r"|^[^:|]{1,60}: [^.;]{0,60}\b(?:raises (?:a |an )?(?:valueerror|error|"
+                           r"assertion)|(?:is )?not (?:possible|allowed|supported|available))\b")
 # A graph scope list names modules that are captured, not recomputed.
 _GRAPH_LIST = re.compile(r"cuda[_ ]graph[_ ](?:modules|scope)\s*[:=]?\s*\[[^\]]{0,200}\]|"
                          r"(?:graph(?:s|ed)?|capture[sd]?)\s+(?:scope|modules?)\s*[:=]?\s*"

@@ -54,3 +54,17 @@ def test_the_recipes_layout_is_in_the_planners_top3(name: str) -> None:
                             constraints={"expert_tensor_parallel_size": [etp]})
     assert _sizes(m) in [_sizes(x) for x in plan.layouts], [
         (_sizes(x), x.reasons[0]) for x in plan.layouts]
+
+
+def test_a_config_the_validator_refuses_says_to_fix_it_not_to_add_gpus() -> None:
+    """A library peft dump has no pretrained checkpoint (set at launch): every layout is
+    refused by the same rule, and the answer names it instead of asking for more GPUs."""
+    data = copy.deepcopy(dumps()["llama3_70b_peft_8gpu_gb200_fp8cs_config"])
+    cfg = load_config(data=copy.deepcopy(data))
+    plan = plan_parallelism(cfg, 8, "GB200", 4096, cfg.train.global_batch_size)
+    assert not plan.layouts
+    assert "peft.needs-pretrained-checkpoint" in plan.answer_markdown
+    assert "Add GPUs" not in plan.answer_markdown
+    data["checkpoint"]["pretrained_checkpoint"] = "/ckpt/llama3_70b"
+    fixed = load_config(data=data)
+    assert plan_parallelism(fixed, 8, "GB200", 4096, cfg.train.global_batch_size).layouts

@@ -22,9 +22,9 @@ recipes keep TP at 1 (2 on H100 for the 671B / 235B models), keep CP at 1 for 4K
 experts' all-to-all inside the NVLink domain where the memory allows it, and spend the rest
 on PP: the workflow skill's "smallest model parallelism that fits, maximise DP, frequent
 communication inside the fastest interconnect, PP across nodes, EP before TP for experts".
-On the frozen list of 36 recipes NVIDIA measured at their own layout
+On the frozen list of 40 recipes NVIDIA measured at their own layout
 (``plan_vs_recipes.py --frozen``, each ranked with the step-time calibration fitted without
-its family), speed with ties puts 23 in the top 3, median rank 2; the keys alone the same.
+its family), speed with ties puts 26 in the top 3, median rank 2; the keys alone 27.
 """
 
 from __future__ import annotations

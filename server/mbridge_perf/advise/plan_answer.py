@@ -207,14 +207,24 @@ def _closing(plan: ParallelismPlan, best: PlannedLayout) -> str:
         "\n```"
 
 
+def _nothing_planned(plan: ParallelismPlan) -> str:
+    """Why no layout is listed: memory (more or larger GPUs help) or the validator refusing the
+    config's own settings for every layout (no GPU count helps: fix the setting first)."""
+    reasons = "; ".join(f"{r.family}: {r.reason}" for r in plan.rejected[:5])
+    if plan.rejected and all(r.reason.startswith("validator:") for r in plan.rejected):
+        return (f"No layout can be planned on {plan.num_gpus} × {plan.gpu}: the validator refuses "
+                f"the config's own settings for every layout that fits ({reasons}). Fix those "
+                "settings first, then plan again; more GPUs will not help.")
+    return (f"No layout of this model fits on {plan.num_gpus} × {plan.gpu} at seq_length "
+            f"{plan.seq_length} (CP search started at {plan.cp_start} = seq / 4096). "
+            f"Rejected: {reasons}. Add GPUs or use a GPU with more memory.")
+
+
 def plan_markdown(plan: ParallelismPlan, cfg: TrainingConfig) -> str:
     """The plan as the long-context skill answers: checklist items in order, skipping those
     that do not apply, then the ranked layouts and the closing JSON block."""
     if not plan.layouts:
-        reasons = "; ".join(f"{r.family}: {r.reason}" for r in plan.rejected[:5])
-        return (f"No layout of this model fits on {plan.num_gpus} × {plan.gpu} at seq_length "
-                f"{plan.seq_length} (CP search started at {plan.cp_start} = seq / 4096). "
-                f"Rejected: {reasons}. Add GPUs or use a GPU with more memory.")
+        return _nothing_planned(plan)
     best = plan.layouts[0]
     verdict = "Best layout" if best.fit != "no" else "Nothing fits; closest layout"
     head = (f"**{verdict} on {plan.num_gpus} × {plan.gpu}:** {_sizes(best)} - peak "

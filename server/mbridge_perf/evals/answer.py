@@ -329,12 +329,7 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
         if (not line.strip() or _LIST.match(line) or _MARK.match(line)
                 or line.lstrip().startswith("|")):
             flush()
-            if _LIST.match(line) and line[:2].isspace() and st["parent"] >= 0:
-                st["block"] = st["parent"]      # a nested item belongs to its parent's block
-            elif _LIST.match(line) or _MARK.match(line):
-                st["parent"] = st["block"]
-            elif line.strip():
-                st["parent"] = -1
+            _track_parent(line, st)
         if line.lstrip().startswith("|"):
             if not set(line.strip()) <= set("|-: "):
                 add(line)
@@ -348,6 +343,17 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
     if fence is not None:
         _close_fence(fence, code, blocks, units, add)
     return units, blocks
+
+
+def _track_parent(line: str, st: dict[str, Any]) -> None:
+    """A nested list item belongs to its parent's block; a top-level item or mark line is the
+    parent of what nests under it; other text ends the nesting."""
+    if _LIST.match(line) and line[:2].isspace() and st["parent"] >= 0:
+        st["block"] = st["parent"]
+    elif _LIST.match(line) or _MARK.match(line):
+        st["parent"] = st["block"]
+    elif line.strip():
+        st["parent"] = -1
 
 
 def _close_fence(fence: str, code: list[str], blocks: list[Any], units: list[Unit],

@@ -80,6 +80,12 @@ def skill_grade(skill: str, text: str) -> Any:
     return grade_skill(card(skill), parse_answer(text), skill)
 
 
+def order_ok(skill: str, text: str) -> bool:
+    """Whether the skill grade's order check (when there is one) passes."""
+    return all(e.passed for e in skill_grade(skill, text).expectations
+               if e.check == "checklist.order")
+
+
 def failed(grade: Any) -> list[str]:
     return [f"{e.text} :: {e.evidence}" for e in grade.expectations if not e.passed]
 

@@ -10,16 +10,9 @@ from __future__ import annotations
 
 import json
 
-from test_claims import LONG, MEMORY, RECOMPUTE, WORKFLOW, card, found
+from test_claims import LONG, MEMORY, RECOMPUTE, WORKFLOW, found, order_ok
 
 from mbridge_perf.evals.answer import parse_answer
-from mbridge_perf.evals.grade import grade_skill
-
-
-def _order_ok(skill: str, text: str) -> bool:
-    g = grade_skill(card(skill), parse_answer(text), skill)
-    return all(e.passed for e in g.expectations if e.check == "checklist.order")
-
 
 # ---------------------------------------------------------------- what places a step
 
@@ -27,20 +20,20 @@ def test_a_question_back_about_the_allocator_places_no_step() -> None:
     text = ("Swap the list for `recompute_modules: [mla_up_proj, moe_act]`; add `layernorm` if "
             "still short.\n\nOne thing to confirm: did the failing job export "
             "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`?\n")
-    assert _order_ok(RECOMPUTE, text)
+    assert order_ok(RECOMPUTE, text)
 
 
 def test_an_allocator_step_placed_last_still_breaks_the_order() -> None:
     text = ("1. Swap the list for `recompute_modules: [mla_up_proj, moe_act]`.\n"
             "2. Then export `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`.\n")
-    assert not _order_ok(RECOMPUTE, text)
+    assert not order_ok(RECOMPUTE, text)
 
 
 def test_where_a_field_belongs_and_a_reset_are_not_full_recompute_steps() -> None:
     text = ("- `recompute_num_layers` has to be None under selective; it belongs only to full "
             "recompute, next to `recompute_method`.\n"
             "- Use `recompute_modules: [layernorm]` and add `mlp` only if still short.\n")
-    assert _order_ok(RECOMPUTE, text)
+    assert order_ok(RECOMPUTE, text)
 
 
 def test_a_block_showing_the_current_config_is_the_users_state() -> None:
@@ -50,7 +43,7 @@ def test_a_block_showing_the_current_config_is_the_users_state() -> None:
             "if still short.\n")
     units = parse_answer(text).units
     assert all(u.quoted for u in units[:4])
-    assert _order_ok(RECOMPUTE, text)
+    assert order_ok(RECOMPUTE, text)
     advised = text.replace("# current config", "# proposed config")
     assert not any(u.quoted for u in parse_answer(advised).units)
 

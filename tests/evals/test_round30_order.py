@@ -8,16 +8,10 @@ to be fine for graphs, "空き GPU"). Sentences of our own, each with a near mis
 
 from __future__ import annotations
 
-from test_claims import LONG, MEMORY, RECOMPUTE, card, found
+from test_claims import LONG, MEMORY, RECOMPUTE, found, order_ok
 
 from mbridge_perf.evals.answer import parse_answer
-from mbridge_perf.evals.grade import grade_skill
 from mbridge_perf.evals.keys import invented_keys
-
-
-def _order_ok(skill: str, text: str) -> bool:
-    g = grade_skill(card(skill), parse_answer(text), skill)
-    return all(e.passed for e in g.expectations if e.check == "checklist.order")
 
 
 def test_a_step_head_that_puts_recompute_first_breaks_the_order() -> None:
@@ -26,10 +20,10 @@ def test_a_step_head_that_puts_recompute_first_breaks_the_order() -> None:
            "expandable_segments:True`.\n"
            "3. **Full recompute only if selective cannot fit**, with `recompute_method` and "
            "`recompute_num_layers` set.\n")
-    assert not _order_ok(RECOMPUTE, bad)
+    assert not order_ok(RECOMPUTE, bad)
     good = ("1. **Allocator first.** `export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`."
             "\n2. **Then selective recompute.** `recompute_modules=[\"layernorm\"]`.\n")
-    assert _order_ok(RECOMPUTE, good)
+    assert order_ok(RECOMPUTE, good)
 
 
 def test_a_condition_names_a_step_without_taking_it() -> None:
@@ -37,21 +31,21 @@ def test_a_condition_names_a_step_without_taking_it() -> None:
             "2. Use `recompute_modules=[\"layernorm\"]`; add `mlp` if still short.\n"
             "3. Only if selective recompute cannot fit, go to `recompute_granularity=\"full\"` "
             "with `recompute_method` and `recompute_num_layers`.\n")
-    assert _order_ok(RECOMPUTE, text)
+    assert order_ok(RECOMPUTE, text)
 
 
 def test_frees_roughly_zero_is_no_advice_to_recompute_core_attn() -> None:
     text = ("With fused attention, checkpointing `core_attn` frees roughly 0.\n\n"
             "1. Check `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` is exported.\n"
             "2. Use `recompute_modules=[\"layernorm\"]`.\n")
-    assert _order_ok(RECOMPUTE, text)
+    assert order_ok(RECOMPUTE, text)
 
 
 def test_set_first_before_a_parenthesis_puts_the_step_first() -> None:
     text = ("Use `recompute_modules=[\"layernorm\"]` for the remaining gap. If it was a "
             "borderline OOM, set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` first (and "
             "`NCCL_GRAPH_REGISTER=0` with TE graphs).\n")
-    assert _order_ok(RECOMPUTE, text)
+    assert order_ok(RECOMPUTE, text)
 
 
 def test_a_leave_as_is_list_places_no_step() -> None:
@@ -60,13 +54,13 @@ def test_a_leave_as_is_list_places_no_step() -> None:
             "- CP 16 for 64K (65536 / 4096), flex with `moe_flex_dispatcher_backend=hybridep`.\n")
     units = parse_answer(text).units
     assert units[-1].kept and not units[0].kept
-    assert _order_ok(LONG, text)
+    assert order_ok(LONG, text)
 
 
 def test_a_japanese_report_of_earlier_results_places_no_step() -> None:
     text = ("これまでの実測（BF16、HybridEP）では 32K で約 135 GB/GPU でした。\n\n"
             "128K では CP = 131072 / 4096 = 32 を目安にしてください。\n")
-    assert _order_ok(LONG, text)
+    assert order_ok(LONG, text)
 
 
 def test_a_closing_blocking_verdict_rejects_the_quoted_line() -> None:

@@ -6,16 +6,9 @@ from __future__ import annotations
 
 import json
 
-from test_claims import LONG, MEMORY, RECOMPUTE, WORKFLOW, card, found
+from test_claims import LONG, MEMORY, RECOMPUTE, WORKFLOW, found, order_ok
 
 from mbridge_perf.evals.answer import parse_answer
-from mbridge_perf.evals.grade import grade_skill
-
-
-def _order_ok(skill: str, text: str) -> bool:
-    g = grade_skill(card(skill), parse_answer(text), skill)
-    return all(e.passed for e in g.expectations if e.check == "checklist.order")
-
 
 # ---------------------------------------------------------------- readings
 
@@ -23,7 +16,7 @@ def test_sono_mae_ni_after_a_full_stop_places_the_step_first() -> None:
     text = ("- `recompute_modules=[\"layernorm\"]` を使ってください。`mlp` は最後の手段です。"
             "その前に `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` が効いているか確認して"
             "ください。\n")
-    assert _order_ok(RECOMPUTE, text)
+    assert order_ok(RECOMPUTE, text)
 
 
 def test_a_labels_verdict_after_its_colon_rejects_the_label() -> None:

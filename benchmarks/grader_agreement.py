@@ -115,7 +115,7 @@ per skill, same make-up; the writers read only the skills, their references and 
 measured each once before any change for it, developing on each afterwards in rounds 30-32:
 heldout12 24/32 at 1137614; heldout13 20/32 at 966bee8; heldout11 23/32 and heldout14 22/32 at
 c1dcba2; heldout15 22/32 and heldout16 24/32 at ff45e76 - 135/192 (70 %), good answers passing
-74/96, bad answers failing 61/96. The same six batches graded by the grader at the start of the
+73/96, bad answers failing 62/96. The same six batches graded by the grader at the start of the
 stop (8b23115) read 24, 19, 23, 22, 21 and 23 (132/192, 69 %): each round fixed what its batch
 showed (every developed batch reads 30-32/32 after it) but moved the next batch by 0-2 answers.
 On those 192 answers at 8b23115 the order check failed 8 good answers (6 as the only failing

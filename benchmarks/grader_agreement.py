@@ -126,7 +126,8 @@ pass repeat a mistake class a card names (several classes recur across batches) 
 patterns do not reach. The last pair, heldout17 and heldout18 (written blind during round 32),
 was measured once at the end of the stop (commit 7f211b3): 22/32 and 23/32 (45/64, 70 %; good
 answers passing 23/32, bad answers failing 22/32); the grader of the start of the stop reads
-19/32 and 20/32 (39/64, 61 %) on them. Neither was developed on.
+19/32 and 20/32 (39/64, 61 %) on them. Round 33 then fixed good answers they showed failing
+(a claim named as the misreading, 'cannot coexist', a record read out, a put-first question).
 """
 
 from __future__ import annotations
@@ -164,8 +165,8 @@ BLIND = {"heldout": "blind batch 1 (measured once at 19/24, developed on since)"
          "heldout14": "blind batch 14 (measured once at 22/32, developed on since)",
          "heldout15": "blind batch 15 (measured once at 22/32, developed on since)",
          "heldout16": "blind batch 16 (measured once at 24/32, developed on since)",
-         "heldout17": "blind batch 17 (measured once at 22/32, not developed on)",
-         "heldout18": "blind batch 18 (measured once at 23/32, not developed on)"}
+         "heldout17": "blind batch 17 (measured once at 22/32, developed on since)",
+         "heldout18": "blind batch 18 (measured once at 23/32, developed on since)"}
 PREFIX = "nemo-mbridge-perf-"
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 

@@ -179,10 +179,11 @@ _WHERE_IT_BELONGS = re.compile(r"\b(?:only )?belongs? (?:only )?to\b|\bappl(?:y|
 def _placed(m: Match, verify: set[int]) -> bool:
     """Whether a recommendation places its checklist step in the answer's sequence: not a
     setting kept as it is (nor an item under a "Leave as is" lead-in), not a question back to
-    the user ("has the job run with X?"), not a statement of where a field belongs, and not
-    evidence named in a verification statement (``verify``: the units that verify, when the
-    card marks its verification step)."""
-    if m.unit.index in verify or m.unit.kept or is_question(m.unit):
+    the user ("has the job run with X?", unless it says it comes first), not a statement of
+    where a field belongs, and not evidence named in a verification statement (``verify``: the
+    units that verify, when the card marks its verification step)."""
+    if (m.unit.index in verify or m.unit.kept
+            or (is_question(m.unit) and not _put_first(m))):
         return False
     s = m.unit.norm
     if _WHERE_IT_BELONGS.search(s):

@@ -54,7 +54,8 @@ from mbridge_perf.evals.text import (
 # ("delay_wgrad_compute=false" is a config value, not a verdict)
 _CORRECTION = re.compile(
     r"\b(?:myths?|misconceptions?|is wrong|are wrong|wrongly|not true|untrue|incorrect|"
-    r"(?<![=:])(?<![=:] )false|mistaken|a mistake|common mistake|contrary to|debunk\w*)\b")
+    r"(?<![=:])(?<![=:] )false|mistaken|a mistake|common mistake|contrary to|debunk\w*|"
+    r"misread\w*|misleading|the trap)\b")
 _REPORTED = re.compile(
     r"\b(?:teammate|colleague|someone|review bot|the bot|claims?|claimed|suggests?|suggested|"
     r"proposes?|proposed|the runbook|people say|you may have read|you might think|"

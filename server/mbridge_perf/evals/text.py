@@ -214,6 +214,8 @@ _REPORTED = re.compile(
     r"she wants|wants to|proposes?|proposed|suggests?|suggested|claims?|claimed|the question|"
     r"your current|you currently|currently|you tried|was tried|you set|you have|your config|"
     r"the review bot|review bot|asked|runbook says|already)\b"
+    # a record being read out ("here is what the tracker shows: ...")
+    r"|\bwhat (?:the |our |your )?[\w-]{1,20} (?:shows|showed|says|said|reports|reported)\b"
     # Japanese: results so far, what was measured ("これまでの傾向", "今までの実測")
     r"|(?:これまで|今まで)(?:の|に|で)|実測(?:では|値|結果)|測定結果")
 _LATE = re.compile(
@@ -416,8 +418,9 @@ _VERDICT_TAIL = re.compile(r"[—–] ?(?:blocking|rejected|invalid|wrong|not va
                            # with PP > 1")
                            r"|^[^:|]{1,60}: (?:impossible|not possible|unavailable|not available|"
                            r"not allowed|forbidden|rejected|invalid|blocked|ruled out)\b"
-                           r"|^[^:|]{1,60}: [^.;]{0,60}\b(?:raises (?:a |an )?(?:valueerror|error|"
-                           r"assertion)|(?:is )?not (?:possible|allowed|supported|available))\b")
+                           r"|^[^:|]{1,60}: [^;]{0,80}\b(?:raises (?:a |an )?(?:valueerror|error|"
+                           r"assertion)|(?:is )?not (?:possible|allowed|supported|available)"
+                           r"|not (?:\w+ ){0,2}(?:labels?|fields?|flags?))\b")
 # A graph scope list names modules that are captured, not recomputed.
 _GRAPH_LIST = re.compile(r"cuda[_ ]graph[_ ](?:modules|scope)\s*[:=]?\s*\[[^\]]{0,200}\]|"
                          r"(?:graph(?:s|ed)?|capture[sd]?)\s+(?:scope|modules?)\s*[:=]?\s*"

@@ -128,6 +128,12 @@ was measured once at the end of the stop (commit 7f211b3): 22/32 and 23/32 (45/6
 answers passing 23/32, bad answers failing 22/32); the grader of the start of the stop reads
 19/32 and 20/32 (39/64, 61 %) on them. Round 33 then fixed good answers they showed failing
 (a claim named as the misreading, 'cannot coexist', a record read out, a put-first question).
+The final pair, heldout19 and heldout20 (written blind during round 33), was measured once after
+it (commit 4778b7a plus the fix that reads an answer opening with a '---' slide rule as its
+body, without which one heldout19 answer could not be graded at all): 23/32 and 18/32 (41/64,
+64 %; good answers passing 22/32, bad answers failing 19/32); the start-of-stop grader with the
+same parsing fix reads 22/32 and 16/32 (38/64, 59 %). Over the ten batches of the stop at their
+first grade: 221/320 (69 %); by the start-of-stop grader 209/320 (65 %).
 """
 
 from __future__ import annotations
@@ -166,7 +172,9 @@ BLIND = {"heldout": "blind batch 1 (measured once at 19/24, developed on since)"
          "heldout15": "blind batch 15 (measured once at 22/32, developed on since)",
          "heldout16": "blind batch 16 (measured once at 24/32, developed on since)",
          "heldout17": "blind batch 17 (measured once at 22/32, developed on since)",
-         "heldout18": "blind batch 18 (measured once at 23/32, developed on since)"}
+         "heldout18": "blind batch 18 (measured once at 23/32, developed on since)",
+         "heldout19": "blind batch 19 (measured once at 23/32, not developed on)",
+         "heldout20": "blind batch 20 (measured once at 18/32, not developed on)"}
 PREFIX = "nemo-mbridge-perf-"
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 

@@ -53,3 +53,11 @@ def test_a_question_that_says_it_comes_first_places_its_step() -> None:
 def test_a_japanese_same_condition_baseline_is_the_contract() -> None:
     text = "41〜50 の区間で、同条件ベースラインとステップ時間を比較してください。"
     assert "no-measurement-contract" not in found(WORKFLOW, text)
+
+
+def test_an_answer_that_opens_with_a_horizontal_rule_is_read_as_its_body() -> None:
+    text = "---\n### Slide 1: sizing\n- CP = seq_length / 4096\n---\n### Slide 2\n- EP 32\n"
+    a = parse_answer(text)
+    assert a.meta == {} and any("seq_length / 4096" in u.norm for u in a.units)
+    framed = parse_answer("---\nverdict: pass\n---\nSet expandable_segments first.\n")
+    assert framed.meta == {"verdict": "pass"} and len(framed.units) == 1

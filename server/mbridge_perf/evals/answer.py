@@ -127,9 +127,10 @@ def parse_answer(text: str, tool_calls: list[str] | None = None) -> Answer:
         except yaml.YAMLError as exc:
             raise AnswerError(f"front matter is not valid YAML: {' '.join(str(exc).split())}"
                               ) from None
-        if not isinstance(meta, dict):
-            raise AnswerError("front matter must be a mapping (verdict, reason, tool_calls)")
-        text = text[m.end():]
+        if isinstance(meta, dict):
+            text = text[m.end():]
+        else:  # "---" opening a slide deck or a list: a horizontal rule, not front matter
+            meta = {}
     calls = meta.get("tool_calls", tool_calls)
     if calls is not None and not (isinstance(calls, list)
                                   and all(isinstance(c, str) for c in calls)):

@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
+from typing import Any, NamedTuple
 
 from mbridge_perf.evals.answer import Answer
 from mbridge_perf.evals.claims import (
@@ -214,11 +214,23 @@ def _first_step(hits: list[Match], steps: list[int], claimed: bool = False) -> i
                default=-1)
 
 
-def _later_step(x: tuple[Any, ...], y: tuple[Any, ...]) -> bool:
+class _Ranked(NamedTuple):
+    """Where one checklist item stands in the answer, for the order check."""
+
+    id: str
+    first: tuple[int, int]      # its earliest placed recommendation; (-1, -1) when put first
+    first_hit: Match
+    last: tuple[int, int]       # its latest placed recommendation
+    last_hit: Match
+    step: int = -1              # the first numbered plan step naming it
+    claimed_step: int = -1      # the first step whose head names it and says it comes first
+
+
+def _later_step(x: _Ranked, y: _Ranked) -> bool:
     """A numbered plan whose step head puts the card's later item ``y`` first, in a step before
     every step that names ``x`` ("1. **Selective recompute first.** 2. Then set the
     allocator"): out of order, unless ``x`` says it goes first."""
-    return y[6] >= 0 and x[5] > y[6] and x[1] != (-1, -1)
+    return y.claimed_step >= 0 and x.step > y.claimed_step and x.first != (-1, -1)
 
 
 def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist", *,
@@ -231,9 +243,9 @@ def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist", 
     not another step's term inside a statement that verifies); an item ``ordered: false`` is
     judged present but in no order."""
     out: list[Expectation] = []
-    ranks: list[tuple[Any, ...]] = []
+    ranks: list[_Ranked] = []
     verify: set[int] = set()
-    steps = _steps(a.units)
+    steps = _steps(a.units) if lenient_order else []
     if lenient_order and any(i.get("verification") for i in items):
         # (a contract that names the window, "iterations 41-50", is still the contract)
         verify = {u.index for u in a.units if _VERIFY.search(u.norm)}
@@ -256,26 +268,31 @@ def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist", 
         if lenient_order:
             own = {m.unit.index for m in hits} if item.get("verification") else set()
             hits = [m for m in hits if _placed(m, verify - own)]
-        if hits:
-            ranks.append((item["id"], hits[0].rank, hits[0]))
-            if lenient_order:
-                first = next((m for m in hits if _put_first(m)), None)
-                if first is not None:
-                    ranks[-1] = (item["id"], (-1, -1), first)
-                ranks[-1] = (*ranks[-1], hits[-1].rank, hits[-1], _first_step(hits, steps),
-                             _first_step(hits, steps, claimed=True))
+        if not hits:
+            continue
+        first, first_hit = hits[0].rank, hits[0]
+        if not lenient_order:
+            ranks.append(_Ranked(item["id"], first, first_hit, hits[-1].rank, hits[-1]))
+            continue
+        put = next((m for m in hits if _put_first(m)), None)
+        if put is not None:
+            first, first_hit = (-1, -1), put
+        ranks.append(_Ranked(item["id"], first, first_hit, hits[-1].rank, hits[-1],
+                             _first_step(hits, steps), _first_step(hits, steps, claimed=True)))
     if lenient_order and len(ranks) > 1:
         bad = [(x, y) for x, y in pairwise(ranks)
-               if (x[1] > y[3] or _later_step(x, y)) and not _one_config_block(x[2], y[4])]
-        evidence = ("; ".join(f"'{y[0]}' ({y[4].evidence}) comes before '{x[0]}' "
-                              f"({x[2].evidence})" for x, y in bad) if bad
-                    else " < ".join(f"{r[0]} ({clip(r[2].unit.text, 60)})" for r in ranks))
+               if (x.first > y.last or _later_step(x, y))
+               and not _one_config_block(x.first_hit, y.last_hit)]
+        evidence = ("; ".join(f"'{y.id}' ({y.last_hit.evidence}) comes before '{x.id}' "
+                              f"({x.first_hit.evidence})" for x, y in bad) if bad
+                    else " < ".join(f"{r.id} ({clip(r.first_hit.unit.text, 60)})"
+                                    for r in ranks))
         out.append(Expectation("checklist recommendations follow the card's order", not bad,
                                evidence, f"{check}.order"))
     elif len(ranks) > 1:
-        bad = [(x, y) for x, y in pairwise(ranks) if x[1] > y[1]]
-        evidence = ("; ".join(f"'{y[0]}' ({y[2].evidence}) comes before '{x[0]}'"
-                              for x, y in bad) if bad else " < ".join(r[0] for r in ranks))
+        bad = [(x, y) for x, y in pairwise(ranks) if x.first > y.first]
+        evidence = ("; ".join(f"'{y.id}' ({y.first_hit.evidence}) comes before '{x.id}'"
+                              for x, y in bad) if bad else " < ".join(r.id for r in ranks))
         out.append(Expectation("checklist recommendations follow the card's order", not bad,
                                evidence, f"{check}.order"))
     return out

@@ -95,6 +95,12 @@ _ADVICE = re.compile(
 # "Recompute: full, recompute_granularity=full" — a terse label line is advice for what follows
 # its colon closely.
 _LABEL_LEAD = re.compile(r"^(?:\d+[.)] ?)?[a-z][\w /-]{0,30}: ")
+# A table row of measured results: no cell says what to do, most are numbers or dashes.
+_ROW_VERDICT = re.compile(r"\b(?:do|first|use|set|add|apply|enable|try|recommend\w*|next|then|pick|"
+                          r"go|keep|ship|adopt|winner|best|start)\b")
+_RESULT_CELL = re.compile(r"^[-—–~≈+]?\s?(?:\d[\d.,]*\s?(?:%|s|ms|gb|gib|x|tflop/s)?)?$")
+
+
 def _results_row(s: str) -> bool:
     """A table row of measured results ("| baseline: flex + HybridEP | — | 244.039 | — |"):
     most cells after the first are numbers or dashes and none says what to do - a run
@@ -107,9 +113,6 @@ def _results_row(s: str) -> bool:
     return len(filled) >= 2 and 2 * numeric >= len(filled)
 
 
-_ROW_VERDICT = re.compile(r"\b(?:do|first|use|set|add|apply|enable|try|recommend\w*|next|then|pick|"
-                          r"go|keep|ship|adopt|winner|best|start)\b")
-_RESULT_CELL = re.compile(r"^[-—–~≈+]?\s?(?:\d[\d.,]*\s?(?:%|s|ms|gb|gib|x|tflop/s)?)?$")
 # A search command line ("$ grep -E 'core_attn|...' train.log", "... | rg moe_act").
 _SEARCH = re.compile(r"(?:^|\$ |\| ?)(?:grep|egrep|zgrep|rg)\b")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")

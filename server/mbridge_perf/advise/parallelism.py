@@ -11,8 +11,14 @@ model; layouts within its pair band of each other are a tie) and, within a tie, 
 skills' keys, in order: (1) fits with headroom (as set, then tight, then only with a rung);
 (2) CP no larger than seq / 4096 (shards of at least the skill's 4K tokens); (3) the smallest
 TP; (4) experts on EP before ETP; (5) the experts' all-to-all inside the fewest NVLink
-domains; (6) the most DP; (7) the CP nearest seq / 4096; (8) the fewest pipeline stages, then
-bubbles (PP - 1) / (VPP·M); headroom breaks the remaining ties.
+domains; (6) the most DP; (7) from 32K tokens the CP nearest seq / 4096, below 32K the smallest
+CP; (8) the fewest pipeline stages, then bubbles (PP - 1) / (VPP·M); headroom breaks the
+remaining ties.
+
+Why (7) stops at 32K: seq / 4096 is the long-context skill's rule, for its 32K-256K scope.
+NVIDIA's shorter recipes run CP 1: 121 of the 153 Bridge perf dumps at 8K-16K, the majority in
+13 of 16 model families (gpt-oss-20B, Llama3.1-8B and Moonlight are the exceptions) - so at 8K
+CP 2 is not the tie-breaker's start, CP 1 is.
 
 Why these keys and not "smallest footprint PP·lcm(TP·CP, EP·ETP) first": measured against
 the layouts NVIDIA tuned for throughput - the 88 Bridge MoE perf recipes whose own layout our
@@ -24,7 +30,8 @@ on PP: the workflow skill's "smallest model parallelism that fits, maximise DP, 
 communication inside the fastest interconnect, PP across nodes, EP before TP for experts".
 On the frozen list of 40 recipes NVIDIA measured at their own layout
 (``plan_vs_recipes.py --frozen``, each ranked with the step-time calibration fitted without
-its family), speed with ties puts 26 in the top 3, median rank 2; the keys alone 27.
+its family), speed with ties puts 30 in the top 3, median rank 2; the keys alone 30 (26 and 27
+with seq / 4096 as key (7) at 8K too).
 """
 
 from __future__ import annotations
@@ -194,6 +201,14 @@ class _Cand:
         return max(0.0, log2(self.cp / self.start))
 
     @property
+    def cp_distance(self) -> float:
+        """Key (7): doublings from the long-context skill's CP = seq / 4096 inside its 32K-256K
+        scope; below it, from CP 1."""
+        if self.start * 4096 >= LONG_CONTEXT:
+            return abs(log2(self.cp / self.start))
+        return log2(self.cp)
+
+    @property
     def ep_domains(self) -> int:
         """NVLink domains one expert all-to-all group (EP·ETP ranks) spans."""
         return ceil(self.sk.ep * (self.sk.etp or 1) / self.nvlink)
@@ -218,7 +233,7 @@ class _Cand:
         """Keys (2) to (8) of the module docstring: what ranks layouts that fit alike."""
         s = self.sk
         return (self.cp_over, s.tp, s.etp or 0, self.ep_domains, -self.dp,
-                abs(log2(self.cp / self.start)), s.split.pp, self.bubble)
+                self.cp_distance, s.split.pp, self.bubble)
 
     def key(self) -> tuple[Any, ...]:
         head = -(self.priced.report.headroom_gib or 0.0) if self.priced else 0.0
@@ -230,7 +245,8 @@ class _Cand:
 _KEY_WORDS = ("fits with headroom (as set, then tight, then only with a rung)",
               "CP no larger than seq / 4096 (shards of at least 4K tokens)", "smaller TP",
               "experts on EP before ETP", "expert all-to-all inside fewer NVLink domains",
-              "more data parallelism", "CP nearer seq / 4096 (the skill's start)",
+              "more data parallelism",
+              "CP nearer seq / 4096 from 32K (the skill's start), the smaller CP below",
               "fewer pipeline stages", "fewer pipeline bubbles", "more headroom")
 
 

@@ -17,10 +17,12 @@ from mbridge_perf.evals.claims import (
     formula_errors,
     misconceptions,
 )
+from mbridge_perf.evals.configs import config_errors
 from mbridge_perf.evals.jsonpath import PathError, query
 from mbridge_perf.evals.keys import invented_keys
 from mbridge_perf.evals.matching import mentioned, recommended
 from mbridge_perf.evals.text import Match, Unit, clip, find, is_question
+from mbridge_perf.evals.units import unit_errors
 
 
 @dataclass
@@ -325,6 +327,8 @@ def no_misconceptions(a: Answer, card: dict[str, Any] | None, terms: list[str], 
                                            omissions=omissions and not cut, whole=not cut)
     found += arithmetic_errors(units)
     found += formula_errors(units)
+    found += unit_errors(units)
+    found += config_errors(units)
     text = "asserts none of the skill's misconceptions and no wrong arithmetic"
     if not found:
         read = f" (read in its first {CLAIM_WINDOW_CHARS:,} characters)" if cut else ""

@@ -173,8 +173,10 @@ BLIND = {"heldout": "blind batch 1 (measured once at 19/24, developed on since)"
          "heldout16": "blind batch 16 (measured once at 24/32, developed on since)",
          "heldout17": "blind batch 17 (measured once at 22/32, developed on since)",
          "heldout18": "blind batch 18 (measured once at 23/32, developed on since)",
-         "heldout19": "blind batch 19 (measured once at 23/32, not developed on)",
-         "heldout20": "blind batch 20 (measured once at 18/32, not developed on)"}
+         "heldout19": "blind batch 19 (measured once at 23/32, developed on since)",
+         "heldout20": "blind batch 20 (measured once at 18/32, developed on since)",
+         "heldout21": "blind batch 21 (measured once at 26/32, developed on since)",
+         "heldout22": "blind batch 22 (measured once at 21/32, developed on since)"}
 PREFIX = "nemo-mbridge-perf-"
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 

@@ -97,3 +97,31 @@ def test_settings_are_bounded_literals_of_known_fields() -> None:
                       "cfg.model.recompute_num_layers = __import__('os')",
                       "cfg.model.recompute_method = 'uniform'", "```"])
     assert list(settings(_units(text))) == ["model.recompute_method"]
+
+
+def _json_answer(payload: str):
+    a = parse_answer(f"Here is the request:\n\n```json\n{payload}\n```\n")
+    return config_errors(a.units, a.json_blocks)
+
+
+def test_a_json_override_map_is_a_config_the_validator_reads() -> None:
+    payload = ('{"arguments": {"overrides": {"model.recompute_granularity": "selective", '
+               '"model.recompute_modules": ["moe_act", "moe"], '
+               '"comm_overlap.overlap_moe_expert_parallel_comm": true}}}')
+    assert [f.rule_id for f in _json_answer(payload)] == ["moe-overlap.bridge-requirements"]
+    assert _json_answer(payload.replace(', "moe"]', "]")) == []
+
+
+def test_a_sweeps_jobs_are_alternatives_judged_with_the_shared_settings() -> None:
+    shared = '"recompute": {"recompute_granularity": "selective", "recompute_modules": ["moe"]}'
+    jobs = [f'{{"overrides": {{"comm_overlap.overlap_moe_expert_parallel_comm": {on}}}}}'
+            for on in ("false", "true")]
+    sweep = f'{{{shared}, "jobs": [{jobs[0]}, {jobs[1]}]}}'
+    assert [f.rule_id for f in _json_answer(sweep)] == ["moe-overlap.bridge-requirements"]
+    # two alternatives that would clash only if merged: layer offload vs selective recompute
+    alts = ('{"candidates": [{"model.cpu_offloading": true, "model.cpu_offloading_num_layers": 2},'
+            ' {"model.recompute_granularity": "selective", "model.recompute_modules": '
+            '["layernorm"]}]}')
+    assert _json_answer(alts) == []
+    merged = alts.replace("}, {", ", ")
+    assert "offload.cpu-excludes-recompute" in [f.rule_id for f in _json_answer(merged)]

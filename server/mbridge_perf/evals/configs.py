@@ -1,19 +1,24 @@
 """The config an answer writes, checked by the project's own validator.
 
 Why: a forbidden combination (pad-to-capacity with flex + DeepEP, EP overlap with ``moe`` in
-``recompute_modules``, delayed FP8 with ``layernorm`` recompute) is the same mistake in any
-wording, and ``validate_config`` already knows every one of them with Megatron-Core parity. So
-the settings an answer assigns in code (a line ``cfg.model.X = value``; an inline mention
-such as "`model.cpu_offloading=True` raises" is no setting) are applied to a neutral base
-(BF16 mixed precision, as every Bridge recipe; a MoE model when
-the answer sets MoE knobs) and validated. An error counts against the answer only when at
-least two of the fields it names were set by the answer itself: a combination the answer
-wrote, not a default of our base or a field it left unsaid - so every ``field=value`` the
-error message names must be one the answer set ("check_for_nan_in_loss=True (the default)" or
-an unset EP 1 is an omission, judged elsewhere, not a wrong combination).
+``recompute_modules``, layer offloading with recompute) is the same mistake in any wording, and
+``validate_config`` already knows every one of them with Megatron-Core parity. So the settings
+an answer writes are applied to a neutral base (BF16 mixed precision, as every Bridge recipe; a
+MoE model when the answer sets MoE knobs) and validated:
+- in code, a line ``cfg.model.X = value`` (an inline mention such as "`model.cpu_offloading=True`
+  raises" is no setting);
+- in JSON, ``"model.X": value`` override maps or a field only one section has (a
+  submit_benchmark payload, a sweep's jobs); each item of a JSON list is an alternative, judged
+  apart together with the settings outside the lists.
+An error counts against the answer only when at least two of the fields it names were set by
+the answer itself: a combination the answer wrote, not a default of our base or a field it left
+unsaid - so every ``field=value`` the error message names must be one the answer set
+("check_for_nan_in_loss=True (the default)" or an unset EP 1 is an omission, judged elsewhere,
+not a wrong combination).
 
-Bounded: at most MAX_SETTINGS settings are read, values are Python literals of at most 200
-characters (``ast.literal_eval``: no names, no calls), and the validator runs once.
+Bounded: at most MAX_SETTINGS code settings and MAX_JSON_NODES JSON values are read, code
+values are Python literals of at most 200 characters (``ast.literal_eval``: no names, no
+calls), and the validator runs at most MAX_CONFIGS times.
 """
 
 from __future__ import annotations
@@ -27,8 +32,13 @@ from mbridge_perf.evals.keys import allowlist
 from mbridge_perf.evals.text import Unit, clip, is_recommended
 
 MAX_SETTINGS = 64
-_PY_SET = re.compile(r"^\s{0,8}(?:(?:cfg|config|conf|recipe|c)\.)?([a-z_]{2,20})\."
-                     r"([a-z][a-z0-9_]{1,60})\s{0,4}=\s{0,4}([^#\n]{1,200}?)\s{0,40}(?:#.*)?$")
+MAX_JSON_NODES = 2000
+MAX_CONFIGS = 8
+# "cfg.model.X = v" / "model.X = v"; not "model.X=v", the grader's own rendering of a JSON
+# entry (read from the JSON itself) and a Hydra override's spelling
+_PY_SET = re.compile(r"^\s{0,8}(?:(?:cfg|config|conf|recipe|c)\.([a-z_]{2,20})\."
+                     r"([a-z][a-z0-9_]{1,60})\s{0,4}|([a-z_]{2,20})\.([a-z][a-z0-9_]{1,60})\s{1,4})="
+                     r"\s{0,4}([^#\n]{1,200}?)\s{0,40}(?:#.*)?$")
 _NAMED = re.compile(r"\b([a-z][a-z0-9_]{2,60})=")
 _MOE_BASE = {"model.num_moe_experts": 64, "model.moe_router_topk": 8,
              "model.moe_grouped_gemm": True}
@@ -72,7 +82,7 @@ def settings(units: list[Unit]) -> dict[str, tuple[Any, Unit]]:
         text = u.text.replace("`", "")
         m = _PY_SET.match(text)
         if m:
-            sec, name, raw = m.groups()
+            sec, name, raw = m.group(1) or m.group(3), m.group(2) or m.group(4), m.group(5)
             pos = u.norm.find(name)
             ok, value = _value(raw)
             if ok and name in al.sections.get(sec, ()) and (
@@ -81,14 +91,73 @@ def settings(units: list[Unit]) -> dict[str, tuple[Any, Unit]]:
     return out
 
 
-def config_errors(units: list[Unit], limit: int = 3) -> list[ConfigFinding]:
-    """Validator errors on a combination of at least two settings the answer wrote."""
+Settings = dict[str, tuple[Any, Unit]]
+
+
+def _json_key(key: str, al: Any) -> str | None:
+    """``model.recompute_modules`` as written, or a bare field that only one section has."""
+    sec, dot, name = key.partition(".")
+    if dot:
+        return key if name in al.sections.get(sec, ()) else None
+    owners = [s for s, names in al.sections.items() if key in names]
+    return f"{owners[0]}.{key}" if len(owners) == 1 else None
+
+
+def _json_groups(data: Any, where: Unit) -> tuple[Settings, list[Settings]]:
+    """A JSON value's settings: those outside any list (one config the answer states), and
+    each list item's own (alternatives: jobs of a sweep, candidates), read breadth-first over
+    at most MAX_JSON_NODES values."""
+    al = allowlist()
+    shared: Settings = {}
+    alts: list[Settings] = []
+    todo: list[tuple[Any, Settings]] = [(data, shared)]
+    seen = 0
+    while todo and seen < MAX_JSON_NODES:
+        node, into = todo.pop(0)
+        seen += 1
+        if isinstance(node, list):
+            for item in node[:MAX_JSON_NODES]:
+                group: Settings = {}
+                alts.append(group)
+                todo.append((item, group))
+        elif isinstance(node, dict):
+            for k, v in list(node.items())[:MAX_JSON_NODES]:
+                key = _json_key(k, al) if isinstance(k, str) else None
+                if key is not None and not isinstance(v, dict):
+                    into[key] = (v, where)
+                elif isinstance(v, (dict, list)):
+                    todo.append((v, into))
+    return shared, [g for g in alts if g]
+
+
+def config_errors(units: list[Unit], blocks: list[Any] | None = None,
+                  limit: int = 3) -> list[ConfigFinding]:
+    """Validator errors on a combination of at least two settings the answer wrote: in its code
+    lines and its JSON (each list item of a JSON sweep judged with the shared settings)."""
+    code = settings(units)
+    where = units[0] if units else Unit(text="(the answer's JSON)", norm="", index=0)
+    configs = [code] if len(code) >= 2 else []
+    for data in (blocks or [])[:4]:
+        shared, alts = _json_groups(data, where)
+        configs += [{**code, **shared, **alt} for alt in alts or [{}]]
+    out: list[ConfigFinding] = []
+    for got in configs[:MAX_CONFIGS]:
+        for f in _validated(got):
+            if f.rule_id not in {o.rule_id for o in out}:
+                out.append(f)
+        if len(out) >= limit:
+            break
+    return out[:limit]
+
+
+def _validated(got: Settings) -> list[ConfigFinding]:
+    """The errors of one config the answer states (see the module docstring)."""
     from mbridge_perf.advise.changes import apply_changes
     from mbridge_perf.config.errors import ConfigError
     from mbridge_perf.config.load import load_config
     from mbridge_perf.rules.validate import validate
 
-    got = settings(units)
+    got = dict(got)
     if len(got) < 2:
         return []
     cfg = load_config(data={"mixed_precision": {"bf16": True, "fp8": None}})
@@ -107,6 +176,4 @@ def config_errors(units: list[Unit], limit: int = 3) -> list[ConfigFinding]:
         named = set(_NAMED.findall(f.message))
         if f.severity == "error" and len(mine) >= 2 and named <= names:
             out.append(ConfigFinding(f.rule_id, f.message, got[mine[-1]][1]))
-            if len(out) >= limit:
-                break
     return out

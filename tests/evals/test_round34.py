@@ -125,3 +125,13 @@ def test_a_sweeps_jobs_are_alternatives_judged_with_the_shared_settings() -> Non
     assert _json_answer(alts) == []
     merged = alts.replace("}, {", ", ")
     assert "offload.cpu-excludes-recompute" in [f.rule_id for f in _json_answer(merged)]
+
+
+def test_cp_is_the_result_of_a_chain_and_a_starred_product_keeps_cp() -> None:
+    from mbridge_perf.evals.claims import formula_errors
+
+    ok = _units("CP = 65536 / 4096 = 16 ranks.\n\nDense DP = world / (TP*PP*CP) = 2.")
+    assert formula_errors(ok) == []
+    bad = _units("CP = 65536 / 4096 = 16 ranks.\n\nDense DP = world / (TP*PP) = 32.")
+    found = formula_errors(bad)
+    assert found and "CP (= 16)" in found[0].evidence

@@ -517,7 +517,9 @@ _DP_FORMULA = re.compile(
     rf"(?:world(?:[_ ]size)?|n|gpus|total gpus) ?/ ?"
     rf"(\(?{_DIMS}(?: ?[·*×x] ?{_DIMS}){{0,4}}\)?(?: ?[·*×x/] ?{_DIMS}){{0,3}})")
 # CP > 1 as the answer states it: "CP=32", "CP from the sequence: 131072 / 4096 = 32".
-_CP_SIZE = re.compile(r"\bcp=(\d{1,6})\b|\bcp\b[^.;|=]{0,40}= ?(\d{1,6})\b")
+# In a chain ("CP = 131072 / 4096 = 32") the size is the result, not an operand.
+_CP_SIZE = re.compile(r"\bcp=(\d{1,6})\b(?! ?[/×*·÷])|\bcp\b[^.;|=]{0,40}=(?:[^.;|=]{0,40}=)?"
+                      r" ?(\d{1,6})\b(?! ?[/×*·÷])")
 _CP_WHY = ("CP ranks are part of the dense mesh TP × CP × DP × PP, so dense DP = "
            "world / (TP·PP·CP)")
 
@@ -531,9 +533,11 @@ def formula_errors(units: list[Unit], limit: int = 4) -> list[FormulaError]:
         return []
     out: list[FormulaError] = []
     for u in units:
-        if "/" not in u.norm:
+        # the raw text: normalising drops "*" as emphasis, and "TP*PP*CP" is a product
+        low = u.text.lower()
+        if "/" not in low:
             continue
-        for m in _DP_FORMULA.finditer(u.norm):
+        for m in _DP_FORMULA.finditer(low):
             if "cp" not in re.findall(r"[a-z]+", m.group(1)):
                 out.append(FormulaError(f"world / {m.group(1).strip()}", f"CP (= {cp})",
                                         _CP_WHY, u))

@@ -328,7 +328,7 @@ def no_misconceptions(a: Answer, card: dict[str, Any] | None, terms: list[str], 
     found += arithmetic_errors(units)
     found += formula_errors(units)
     found += unit_errors(units)
-    found += config_errors(units)
+    found += config_errors(units, a.json_blocks)
     text = "asserts none of the skill's misconceptions and no wrong arithmetic"
     if not found:
         read = f" (read in its first {CLAIM_WINDOW_CHARS:,} characters)" if cut else ""

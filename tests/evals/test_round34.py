@@ -135,3 +135,18 @@ def test_cp_is_the_result_of_a_chain_and_a_starred_product_keeps_cp() -> None:
     bad = _units("CP = 65536 / 4096 = 16 ranks.\n\nDense DP = world / (TP*PP) = 32.")
     found = formula_errors(bad)
     assert found and "CP (= 16)" in found[0].evidence
+
+
+def test_a_diffs_resulting_config_is_read_and_its_removed_lines_are_not() -> None:
+    diff = """```diff
+ cfg.model.recompute_granularity = "selective"
+-cfg.model.recompute_modules = ["core_attn"]
++cfg.model.recompute_modules = ["moe_act"]
++cfg.model.recompute_num_layers = 4
+```"""
+    got = settings(_units(diff))
+    assert got["model.recompute_modules"][0] == ["moe_act"]
+    assert [f.rule_id for f in config_errors(_units(diff))] == [
+        "recompute.selective-no-num-layers"]
+    removed = diff.replace("+cfg.model.recompute_num_layers", "-cfg.model.recompute_num_layers")
+    assert config_errors(_units(removed)) == []

@@ -5,8 +5,8 @@ Why: a forbidden combination (pad-to-capacity with flex + DeepEP, EP overlap wit
 ``validate_config`` already knows every one of them with Megatron-Core parity. So the settings
 an answer writes are applied to a neutral base (BF16 mixed precision, as every Bridge recipe; a
 MoE model when the answer sets MoE knobs) and validated:
-- in code, a line ``cfg.model.X = value`` (an inline mention such as "`model.cpu_offloading=True`
-  raises" is no setting);
+- in code, a line ``cfg.model.X = value`` (in a diff, the context and added lines; an inline
+  mention such as "`model.cpu_offloading=True` raises" is no setting);
 - in JSON, ``"model.X": value`` override maps or a field only one section has (a
   submit_benchmark payload, a sweep's jobs); each item of a JSON list is an alternative, judged
   apart together with the settings outside the lists.
@@ -80,7 +80,9 @@ def settings(units: list[Unit]) -> dict[str, tuple[Any, Unit]]:
         if u.quoted or u.negated_section or len(out) >= MAX_SETTINGS:
             continue
         text = u.text.replace("`", "")
-        m = _PY_SET.match(text)
+        if text.startswith("-"):  # a diff's removed line: not in the config it leaves
+            continue
+        m = _PY_SET.match(text[1:] if text.startswith("+") else text)
         if m:
             sec, name, raw = m.group(1) or m.group(3), m.group(2) or m.group(4), m.group(5)
             pos = u.norm.find(name)

@@ -176,7 +176,9 @@ BLIND = {"heldout": "blind batch 1 (measured once at 19/24, developed on since)"
          "heldout19": "blind batch 19 (measured once at 23/32, developed on since)",
          "heldout20": "blind batch 20 (measured once at 18/32, developed on since)",
          "heldout21": "blind batch 21 (measured once at 26/32, developed on since)",
-         "heldout22": "blind batch 22 (measured once at 21/32, developed on since)"}
+         "heldout22": "blind batch 22 (measured once at 21/32, developed on since)",
+         "heldout23": "blind batch 23 (measured once at 25/32, not developed on)",
+         "heldout24": "blind batch 24 (measured once at 27/32, developed on since)"}
 PREFIX = "nemo-mbridge-perf-"
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 

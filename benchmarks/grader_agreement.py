@@ -134,6 +134,13 @@ body, without which one heldout19 answer could not be graded at all): 23/32 and 
 64 %; good answers passing 22/32, bad answers failing 19/32); the start-of-stop grader with the
 same parsing fix reads 22/32 and 16/32 (38/64, 59 %). Over the ten batches of the stop at their
 first grade: 221/320 (69 %); by the start-of-stop grader 209/320 (65 %).
+Stop 31 added two readings that do not depend on wording - byte-unit conversions recomputed
+(evals/units.py) and the settings an answer writes in code, diffs or JSON run through
+validate_config (evals/configs.py) - and four more blind batches, each graded once before any
+change for it: heldout21 26/32 and heldout22 21/32 (at 504c3b5), heldout24 27/32 (at cb4d368),
+heldout23 25/32 (at 26c519e): 99/128 (77 %; good answers passing 55/64, bad answers failing
+44/64); the grader of the start of the stop (921c81d) reads 97/128 on them. heldout23 is not
+developed on. Over the fourteen batches at their first grade: 320/448 (71 %).
 """
 
 from __future__ import annotations

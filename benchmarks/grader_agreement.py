@@ -139,8 +139,11 @@ Stop 31 added two readings that do not depend on wording - byte-unit conversions
 validate_config (evals/configs.py) - and four more blind batches, each graded once before any
 change for it: heldout21 26/32 and heldout22 21/32 (at 504c3b5), heldout24 27/32 (at cb4d368),
 heldout23 25/32 (at 26c519e): 99/128 (77 %; good answers passing 55/64, bad answers failing
-44/64); the grader of the start of the stop (921c81d) reads 97/128 on them. heldout23 is not
-developed on. Over the fourteen batches at their first grade: 320/448 (71 %).
+44/64); the grader of the start of the stop (921c81d) reads 97/128 on them. A last pair,
+heldout25 and heldout26, measured once at c364296: 19/32 and 23/32 (42/64, 66 %; 41/64 by the
+start-of-stop grader). The six batches of the stop: 141/192 (73 %; 138 at 921c81d). heldout23,
+heldout25 and heldout26 are not developed on. Over the sixteen batches at their first grade:
+362/512 (71 %).
 """
 
 from __future__ import annotations
@@ -185,7 +188,9 @@ BLIND = {"heldout": "blind batch 1 (measured once at 19/24, developed on since)"
          "heldout21": "blind batch 21 (measured once at 26/32, developed on since)",
          "heldout22": "blind batch 22 (measured once at 21/32, developed on since)",
          "heldout23": "blind batch 23 (measured once at 25/32, not developed on)",
-         "heldout24": "blind batch 24 (measured once at 27/32, developed on since)"}
+         "heldout24": "blind batch 24 (measured once at 27/32, developed on since)",
+         "heldout25": "blind batch 25 (measured once at 19/32, not developed on)",
+         "heldout26": "blind batch 26 (measured once at 23/32, not developed on)"}
 PREFIX = "nemo-mbridge-perf-"
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 

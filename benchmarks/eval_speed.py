@@ -13,6 +13,7 @@ and misconceptions (`eval grade --skill`) and prints the worst time per shape. G
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import tempfile
@@ -68,6 +69,14 @@ def shapes() -> dict[str, str]:
         # one comment sentence wrapped over 10,000 lines of a code block
         "wrapped comments": "```yaml\n" + "# and mlp recompute costs 3 % so raise tp\n" * 5000
                             + "```\n",
+        # settings the config reader validates, and conversions the unit reader recomputes
+        "config lines and units": "```python\n" + "".join(
+            f"cfg.model.recompute_num_layers = {k}\ncfg.model.cpu_offloading = True\n"
+            for k in range(3000)) + "```\n" + "58.8 GB ≈ 63.1 GiB; " * 2000,
+        "json sweep": "```json\n" + json.dumps({"jobs": [
+            {"overrides": {"model.recompute_granularity": "selective",
+                           "model.cpu_offloading": True, "model.recompute_modules": ["moe"]}}
+            for _ in range(1500)]}) + "\n```\n",
     }
 
 

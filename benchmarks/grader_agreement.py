@@ -141,9 +141,12 @@ change for it: heldout21 26/32 and heldout22 21/32 (at 504c3b5), heldout24 27/32
 heldout23 25/32 (at 26c519e): 99/128 (77 %; good answers passing 55/64, bad answers failing
 44/64); the grader of the start of the stop (921c81d) reads 97/128 on them. A last pair,
 heldout25 and heldout26, measured once at c364296: 19/32 and 23/32 (42/64, 66 %; 41/64 by the
-start-of-stop grader). The six batches of the stop: 141/192 (73 %; 138 at 921c81d). heldout23,
-heldout25 and heldout26 are not developed on. Over the sixteen batches at their first grade:
-362/512 (71 %).
+start-of-stop grader). After Japanese forms of four recurring card claims, a final pair whose
+writers reported nothing about their mistakes, heldout27 and heldout28, measured once at
+45ac50e: 23/32 and 18/32 (41/64, 64 %; good answers passing 18/32, bad answers failing 23/32);
+the start-of-stop grader reads 24/32 and 18/32 (42/64). The eight batches of the stop: 182/256
+(71 %; 180 at 921c81d). heldout23 and heldout25-28 are not developed on. Over the eighteen
+batches at their first grade: 403/576 (70 %).
 """
 
 from __future__ import annotations
@@ -190,7 +193,9 @@ BLIND = {"heldout": "blind batch 1 (measured once at 19/24, developed on since)"
          "heldout23": "blind batch 23 (measured once at 25/32, not developed on)",
          "heldout24": "blind batch 24 (measured once at 27/32, developed on since)",
          "heldout25": "blind batch 25 (measured once at 19/32, not developed on)",
-         "heldout26": "blind batch 26 (measured once at 23/32, not developed on)"}
+         "heldout26": "blind batch 26 (measured once at 23/32, not developed on)",
+         "heldout27": "blind batch 27 (measured once at 23/32, not developed on)",
+         "heldout28": "blind batch 28 (measured once at 18/32, not developed on)"}
 PREFIX = "nemo-mbridge-perf-"
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 

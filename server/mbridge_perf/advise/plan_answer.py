@@ -12,6 +12,7 @@ from mbridge_perf.advise.plan_result import ParallelismPlan, PlannedLayout
 from mbridge_perf.config.derived import Derived, resolve_precision
 from mbridge_perf.config.gpus import lookup_gpu
 from mbridge_perf.config.model import TrainingConfig
+from mbridge_perf.config.semantics import LONG_CONTEXT
 from mbridge_perf.rules.moe import _backend_supported
 
 
@@ -28,10 +29,12 @@ def _sizes(lay: PlannedLayout) -> str:
 def _cp(plan: ParallelismPlan, best: PlannedLayout) -> str:
     seq, cp = plan.seq_length, best.context_parallel_size
     tpcp = best.tensor_model_parallel_size * cp
+    short = ("; below 32K, outside the long-context skill's scope, ties go to the smallest CP "
+             "(NVIDIA's 8K-16K recipes mostly run CP 1)" if seq < LONG_CONTEXT else "")
     return (f"1. **CP from the sequence length:** {seq} / 4096 = {seq / 4096:g} → the search "
             f"starts at CP = {plan.cp_start} (a 4096-token shard per CP rank); memory decides "
-            f"the rest. The best layout uses CP = {cp} ({best.tokens_per_cp_rank} tokens per CP "
-            f"rank; TP·CP = {tpcp} splits the sequence), and "
+            f"the rest{short}. The best layout uses CP = {cp} ({best.tokens_per_cp_rank} tokens "
+            f"per CP rank; TP·CP = {tpcp} splits the sequence), and "
             f"seq_length % (2·CP) = {seq % (2 * cp) if cp > 1 else 0}.")
 
 

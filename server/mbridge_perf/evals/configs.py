@@ -40,6 +40,7 @@ _PY_SET = re.compile(r"^\s{0,8}(?:(?:cfg|config|conf|recipe|c)\.([a-z_]{2,20})\.
                      r"([a-z][a-z0-9_]{1,60})\s{0,4}|([a-z_]{2,20})\.([a-z][a-z0-9_]{1,60})\s{1,4})="
                      r"\s{0,4}([^#\n]{1,200}?)\s{0,40}(?:#.*)?$")
 _NAMED = re.compile(r"\b([a-z][a-z0-9_]{2,60})=")
+Settings = dict[str, tuple[Any, Unit]]  # "section.field" -> (value, the unit that set it)
 _MOE_BASE = {"model.num_moe_experts": 64, "model.moe_router_topk": 8,
              "model.moe_grouped_gemm": True}
 
@@ -71,11 +72,11 @@ def _value(raw: str) -> tuple[bool, Any]:
         return False, None
 
 
-def settings(units: list[Unit]) -> dict[str, tuple[Any, Unit]]:
+def settings(units: list[Unit]) -> Settings:
     """``section.field`` -> (value, the unit that set it), for known fields only; a setting
     inside a rejected clause or quoted output is no setting (the last one wins)."""
     al = allowlist()
-    out: dict[str, tuple[Any, Unit]] = {}
+    out: Settings = {}
     for u in units:
         if u.quoted or u.negated_section or len(out) >= MAX_SETTINGS:
             continue
@@ -91,9 +92,6 @@ def settings(units: list[Unit]) -> dict[str, tuple[Any, Unit]]:
                     pos < 0 or is_recommended(u, pos, pos + len(name))):
                 out[f"{sec}.{name}"] = (value, u)
     return out
-
-
-Settings = dict[str, tuple[Any, Unit]]
 
 
 def _json_key(key: str, al: Any) -> str | None:

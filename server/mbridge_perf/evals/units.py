@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from mbridge_perf.evals.text import Unit, clip
 
-GIB_PER_GB = 1e9 / 2**30  # 0.9313
 CONVERSION_TOL = 0.015
 NEAR = 0.15
 _SCALE = {"k": 1, "m": 2, "g": 3, "t": 4}
@@ -48,11 +47,11 @@ class UnitError:
                 f"memory (GB) log lines are decimal), in: {clip(self.unit.text, 200)}")
 
 
-def _bytes(num: str, prefix: str, binary: str) -> float | None:
-    try:
-        v = float(num.replace(",", ""))
-    except ValueError:
-        return None
+def _num(tok: str) -> float:
+    return float(tok.replace(",", ""))
+
+
+def _bytes(v: float, prefix: str, binary: str) -> float:
     return v * (1024.0 if binary else 1000.0) ** _SCALE[prefix]
 
 
@@ -72,13 +71,12 @@ def unit_errors(units: list[Unit], limit: int = 4) -> list[UnitError]:
             if b1 == b2 or p1 != p2 or not _LINK.fullmatch(gap) \
                     or _PRODUCT.search(u.norm, max(0, m.start() - 12), m.start()):
                 continue
-            x, y = _bytes(n1, p1, b1), _bytes(n2, p2, b2)
-            if not x or not y:
-                continue
+            v1, v2 = _num(n1), _num(n2)
             # a conversion's two numbers differ by the unit ratio (7 % for G): far apart,
             # they are two amounts compared
-            if abs(float(n2.replace(",", "")) / float(n1.replace(",", "")) - 1) > NEAR:
+            if not v1 or not v2 or abs(v2 / v1 - 1) > NEAR:
                 continue
+            x, y = _bytes(v1, p1, b1), _bytes(v2, p2, b2)
             if abs(y / x - 1) > CONVERSION_TOL:
                 out.append(UnitError(f"{n1} {p1.upper()}{b1}B ≈ {n2} {p2.upper()}{b2}B",
                                      _spell(x, p2, b2), u))

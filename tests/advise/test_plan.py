@@ -113,6 +113,14 @@ def test_cp_starts_at_seq_over_4096() -> None:
     assert [cp_start(s) for s in (4096, 32768, 131072, 262144)] == [1, 8, 32, 64]
 
 
+def test_the_seq_over_4096_rule_applies_where_its_start_rounds_to_cp_8() -> None:
+    """One predicate decides both the tie-break key (7) and the plan answer's wording."""
+    from mbridge_perf.advise.layouts import cp_rule_applies
+
+    assert [cp_rule_applies(cp_start(s)) for s in (8192, 16384, 24576, 32768, 131072)] == [
+        False, False, True, True, True]
+
+
 def test_rejected_families_name_the_rule() -> None:
     plan = qwen_plan(131072)
     nvl = [r for r in plan.rejected if "tp.crosses-nvlink-domain" in r.reason]

@@ -19,6 +19,7 @@ from typing import Any
 from mbridge_perf.config.derived import mesh_world
 from mbridge_perf.config.errors import ConfigError
 from mbridge_perf.config.model import ModelSection
+from mbridge_perf.config.semantics import LONG_CONTEXT
 
 # keys of PlanConstraints / the layout fields, Bridge names verbatim
 SIZE_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -333,3 +334,11 @@ def cp_start(seq: int) -> int:
     target = max(seq / 4096, 1.0)
     lo = 1 << (int(target).bit_length() - 1)
     return lo if target / lo <= (2 * lo) / target else 2 * lo
+
+
+def cp_rule_applies(start: int) -> bool:
+    """Whether the skill's CP = seq / 4096 is the start the ranking aims at: inside the
+    long-context skill's 32K-256K scope, i.e. where seq / 4096 rounds to CP 8 or more (the
+    planner's tie-break and the plan's answer read it from the same start). Below it ties go
+    to the smallest CP, as NVIDIA's 8K-16K recipes run."""
+    return start * 4096 >= LONG_CONTEXT

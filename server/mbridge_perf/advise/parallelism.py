@@ -51,6 +51,7 @@ from mbridge_perf.advise.layouts import (
     Rejections,
     Skeleton,
     bubble_fraction,
+    cp_rule_applies,
     cp_start,
     groups,
     min_gpus,
@@ -203,10 +204,8 @@ class _Cand:
     @property
     def cp_distance(self) -> float:
         """Key (7): doublings from the long-context skill's CP = seq / 4096 inside its 32K-256K
-        scope; below it, from CP 1."""
-        if self.start * 4096 >= LONG_CONTEXT:
-            return abs(log2(self.cp / self.start))
-        return log2(self.cp)
+        scope (``cp_rule_applies``); below it, from CP 1."""
+        return abs(log2(self.cp / (self.start if cp_rule_applies(self.start) else 1)))
 
     @property
     def ep_domains(self) -> int:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 
+from mbridge_perf.advise.layouts import cp_rule_applies
 from mbridge_perf.advise.plan_result import ParallelismPlan, PlannedLayout
 from mbridge_perf.config.derived import Derived, resolve_precision
 from mbridge_perf.config.gpus import lookup_gpu
 from mbridge_perf.config.model import TrainingConfig
-from mbridge_perf.config.semantics import LONG_CONTEXT
 from mbridge_perf.rules.moe import _backend_supported
 
 
@@ -29,8 +29,8 @@ def _sizes(lay: PlannedLayout) -> str:
 def _cp(plan: ParallelismPlan, best: PlannedLayout) -> str:
     seq, cp = plan.seq_length, best.context_parallel_size
     tpcp = best.tensor_model_parallel_size * cp
-    short = ("; below 32K, outside the long-context skill's scope, ties go to the smallest CP "
-             "(NVIDIA's 8K-16K recipes mostly run CP 1)" if seq < LONG_CONTEXT else "")
+    short = ("" if cp_rule_applies(plan.cp_start) else "; below 32K, outside the long-context "
+             "skill's scope, ties go to the smallest CP (NVIDIA's 8K-16K recipes mostly run CP 1)")
     return (f"1. **CP from the sequence length:** {seq} / 4096 = {seq / 4096:g} → the search "
             f"starts at CP = {plan.cp_start} (a 4096-token shard per CP rank); memory decides "
             f"the rest{short}. The best layout uses CP = {cp} ({best.tokens_per_cp_rank} tokens "

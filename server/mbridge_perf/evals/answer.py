@@ -379,8 +379,17 @@ def _close_fence(fence: str, code: list[str], blocks: list[Any], units: list[Uni
     output = fence[3:] in _OUTPUT_FENCES
     shown = (fence[3:] not in _SHELL_FENCES and bool(code)
              and _STATE_SHOWN.match(code[0]) is not None)
-    for line in _join_comments(code):
-        add(line, quoted=shown or (output and not _COMMAND_LINE.search(line)))
+    lines = _join_comments(code)
+    for i, line in enumerate(lines):
+        # a command whose next line is an error is the failing run shown, not advice
+        failed = i + 1 < len(lines) and _ERROR_LINE.match(lines[i + 1]) is not None
+        add(line, quoted=shown or failed or (output and not _COMMAND_LINE.search(line)))
+
+
+# The first line a failing command prints ("error: unrecognized arguments: layernorm",
+# "ValueError: ...", "Traceback (most recent call last):").
+_ERROR_LINE = re.compile(r"^\s*(?:[A-Za-z.]{0,40}(?:error|exception)\b|usage:|traceback\b)",
+                         re.IGNORECASE)
 
 
 _SHELL_FENCES = frozenset({"bash", "sh", "shell", "zsh", "console", "shell-session"})

@@ -43,6 +43,12 @@ _EXTRA = {"expandable_segments", "garbage_collection_threshold", "max_split_size
           # the argument of Bridge's estimate_training_memory(cfg, num_microbatches=...), which
           # the memory-tuning skill tells answers to call
           "num_microbatches"}
+# our MCP tools, which answers name with a colon ("`validate_config`: recompute.full-needs-...");
+# tests/evals/test_round35.py keeps it equal to server_tools.TOOLS
+OUR_TOOLS = frozenset({
+    "validate_config", "estimate_memory", "estimate_step_time", "recommend_recompute",
+    "diagnose_oom", "plan_parallelism", "list_presets", "grade_answer", "submit_benchmark",
+    "benchmark_status", "benchmark_result", "cancel_benchmark", "compare_benchmarks"})
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,7 @@ def allowlist() -> Allowlist:
     sections = {k: frozenset(v) for k, v in data["sections"].items()}
     sections["cluster"] = frozenset({"num_gpus", "gpus_per_node", "gpu"})
     flags = {f.lstrip("-").replace("-", "_") for f in flag_names()}
-    fields = frozenset(set().union(*sections.values()) | flags | _EXTRA)
+    fields = frozenset(set().union(*sections.values()) | flags | _EXTRA | OUR_TOOLS)
     enums = {
         "recompute_modules": frozenset(RECOMPUTE_LABELS),
         "cuda_graph_modules": frozenset(GRAPH_MODULE_NAMES),
@@ -95,9 +101,12 @@ class BadKey:
 
 def _bad_labels(key: str, labels: Iterable[str], allowed: frozenset[str]) -> list[tuple[str, str]]:
     """The labels of a list-valued key (or its harness flag) that the key does not accept;
-    "[...]" is a placeholder."""
+    "[...]" is a placeholder, and so is a list of one-letter names ("--recompute_modules a,b")."""
+    names = [label for label in labels if label.strip(".…")]
+    if names and all(len(n) == 1 for n in names):
+        return []
     return [(label, f"{key} label {label!r} (valid: {', '.join(sorted(allowed))})")
-            for label in labels if label.strip(".…") and label not in allowed]
+            for label in names if label not in allowed]
 
 
 def invented_keys(units: list[Unit]) -> list[BadKey]:

@@ -157,6 +157,8 @@ _SUFFIX = re.compile(
     r"|アサート|アサーション|できません|できない|使えません|使えない|効きません|効かない|減りません|"
     r"減らない|非対応|未対応|サポートされ(?:ない|ません|ていない|ていません)|拒否|禁止|不可|"
     r"共存できない|併用できない|エラーにな|(?:おすすめ|お勧め|推奨)(?:し|でき)?(?:ません|ない)|避け|やめ"
+    # "X は存在しません" (no such label), "受け付けられません", "X を勧めない"
+    r"|存在し(?:ない|ません)|受け付け(?:られ)?(?:ない|ません)|勧め(?:ない|ません)|無効"
     # "X ではない", "X とは限りません" (not necessarily X), "X わけではない"
     r"|ではない|ではありません|じゃない|とは限(?:らない|らず|りません)|わけではな|わけではありません"
     # "cpu_offloading raises a ValueError": refused at startup
@@ -407,10 +409,13 @@ def is_negated(unit: Unit, start: int, end: int) -> bool:
 # negated lead-in ending in a colon) negates the rest of the unit up to a ";".
 _LABEL = re.compile(r"\b(?:avoid|do not|don't|never|rejected|not recommended|what not to do|"
                     r"wrong|mistakes?|claims to avoid)\s*:|"
+                    r"(?:(?:やって|して)はいけないこと|やらないこと|避けること|禁止事項)\W{0,3}[:：]|"
                     r"^\s*(?:\d+[.)]\s*)?(?:do not|don't|never|avoid|no)\b[^:;.]{0,80}:")
 # A table row whose verdict cell (any cell after the first) opens with a rejection: "| TP 4→8 |
-# no (-28.4 %) |", "| CPU offload | ✗ at PP=4 |".
-_ROW_NO = re.compile(r"\| ?(?:(?:no|not|never|avoid|do not|skip|rejected|out)\b|[✗❌🚫])")
+# no (-28.4 %) |", "| CPU offload | ✗ at PP=4 |". A cell that opens with "no" and a noun ("| no
+# throughput cost |") quantifies; only a bare "no" is a verdict.
+_ROW_NO = re.compile(r"\| ?(?:no(?= ?(?:[(,;.:|—–-]|go\b|$))|"
+                     r"(?:not|never|avoid|do not|skip|rejected|out)\b|[✗❌🚫])")
 # A review's verdict closing the line it judges ("`recompute_modules: [up_proj]` — blocking."):
 # the whole unit is the rejected item.
 _VERDICT_TAIL = re.compile(r"[—–] ?(?:blocking|rejected|invalid|wrong|not valid)[^a-z]{0,3}$"

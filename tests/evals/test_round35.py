@@ -1,0 +1,110 @@
+"""Round 35: readings that good answers tripped over in other people's words - a results-row
+cell that opens with "no" and a noun, Japanese negations of existence and advice, a failing
+command shown with its error, placeholder labels, our own tool names - each with the near miss
+that must still be caught."""
+
+from __future__ import annotations
+
+import pytest
+
+from mbridge_perf.evals.answer import parse_answer
+from mbridge_perf.evals.checks import order
+from mbridge_perf.evals.claims import find_misconceptions
+from mbridge_perf.evals.keys import OUR_TOOLS, invented_keys
+from mbridge_perf.server_tools import TOOLS
+from mbridge_perf.skillpack.pack import get_skill
+
+from helpers import REPO
+
+MEMORY = "nemo-mbridge-perf-memory-tuning"
+RECOMPUTE = "nemo-mbridge-perf-activation-recompute"
+
+
+def _units(text: str):
+    return parse_answer(text).units
+
+
+def _claims(skill: str, text: str) -> list[str]:
+    card = get_skill(REPO, skill).card
+    return [f.misconception.id for f in find_misconceptions(card, _units(text))]
+
+
+PLAN_ROWS = """| step | lever | setting | cost |
+|---|---|---|---|
+| 1 | recompute | `model.recompute_modules = ["layernorm"]` | about 0 % |
+| 2 | allocator | `export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` | no throughput cost |
+"""
+
+
+def test_a_cell_opening_with_no_and_a_noun_does_not_reject_its_row() -> None:
+    """Row 2 advises the allocator (its cost cell says "no throughput cost"), so the plan puts
+    it after recompute."""
+    got = order(parse_answer(PLAN_ROWS), [["expandable_segments", "layernorm"]])[0]
+    assert not got.passed and "no throughput cost" in got.evidence
+
+
+def test_a_bare_no_verdict_still_rejects_its_row() -> None:
+    text = PLAN_ROWS.replace("| 2 | allocator |", "| 2 | allocator | no |")
+    got = order(parse_answer(text), [["expandable_segments", "layernorm"]])[0]
+    assert got.evidence == "'expandable_segments' is not recommended"
+
+
+@pytest.mark.parametrize("text", [
+    "`up_proj` と `norm` は seed の略記で、ピン留めされた recompute_modules には存在しません。",
+    "**やってはいけないこと**：FP8 をメモリ削減策として勧めない。",
+])
+def test_japanese_negations_of_existence_and_of_advice(text: str) -> None:
+    skill = RECOMPUTE if "up_proj" in text else MEMORY
+    assert _claims(skill, text) == []
+
+
+@pytest.mark.parametrize("text, claim", [
+    ("MLA の up-projection は recompute_modules に `up_proj` を入れて再計算します。",
+     "invented-up-proj-label"),
+])
+def test_the_same_claims_without_the_negation_are_caught(text: str, claim: str) -> None:
+    assert claim in _claims(RECOMPUTE, text)
+
+
+def test_a_pp_raise_that_halves_dp_in_a_numbered_plan_row_is_caught_with_its_cost() -> None:
+    row = ("| 2 | `model.pipeline_model_parallel_size` | 4 → 8 (DP 2 → 1) | peak 58.8 → 53.2 GB "
+           "| 668.0 TFLOP/s/GPU, −5.9 % |")
+    assert "pp-for-dp-trade" in _claims(MEMORY, row)
+    assert "pp-for-dp-trade" not in _claims(
+        MEMORY, "PP を上げるのは余っている GPU で DP を維持できる場合に限ります（PP 4→8、DP 2→1 "
+                "は -5.9%）。")
+
+
+FAILING = """```console
+$ python scripts/performance/setup_experiment.py --recompute_modules core_attn layernorm
+error: unrecognized arguments: layernorm
+```
+
+Pass one comma-separated value instead:
+
+```console
+$ python scripts/performance/setup_experiment.py --recompute_modules core_attn,layernorm
+# --recompute_modules a,b -> selective with those labels
+```
+"""
+
+
+def test_a_command_shown_with_its_error_and_placeholder_labels_are_no_advice() -> None:
+    assert invented_keys(_units(FAILING)) == []
+
+
+def test_the_space_separated_command_without_an_error_line_is_still_advice() -> None:
+    text = FAILING.replace("error: unrecognized arguments: layernorm\n", "")
+    assert [b.what.split(" (")[0] for b in invented_keys(_units(text))] == [
+        "--recompute_modules core_attn layernorm"]
+
+
+def test_one_letter_placeholders_do_not_hide_a_made_up_label_beside_a_real_one() -> None:
+    bad = invented_keys(_units("Set `--recompute_modules moe_act,x,up_proj` on the launcher."))
+    assert any("'up_proj'" in b.what for b in bad)
+
+
+def test_our_tool_names_are_known_and_match_the_server() -> None:
+    assert {fn.__name__ for fn, _, _ in TOOLS} == OUR_TOOLS
+    text = "Run `validate_config`: it reports recompute.full-needs-method first."
+    assert invented_keys(_units(text)) == []

@@ -108,3 +108,13 @@ def test_our_tool_names_are_known_and_match_the_server() -> None:
     assert {fn.__name__ for fn, _, _ in TOOLS} == OUR_TOOLS
     text = "Run `validate_config`: it reports recompute.full-needs-method first."
     assert invented_keys(_units(text)) == []
+
+
+def test_japanese_optimizer_offload_is_not_layer_offload_at_pp_gt_1() -> None:
+    layout = "レイアウトは TP1 PP8 です。"
+    assert "cpu-offload-at-pp-gt-1" not in _claims(
+        "nemo-mbridge-perf-moe-long-context",
+        layout + "それでも足りなければオプティマイザーの CPU オフロードを有効にします。")
+    assert "cpu-offload-at-pp-gt-1" in _claims(
+        "nemo-mbridge-perf-moe-long-context",
+        layout + "それでも足りなければ CPU オフロードを有効にしてください。")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from mbridge_perf.evals.answer import parse_answer
-from mbridge_perf.evals.checks import order
+from mbridge_perf.evals.checks import checklist, order
 from mbridge_perf.evals.claims import find_misconceptions
 from mbridge_perf.evals.keys import OUR_TOOLS, invented_keys
 from mbridge_perf.server_tools import TOOLS
@@ -118,3 +118,102 @@ def test_japanese_optimizer_offload_is_not_layer_offload_at_pp_gt_1() -> None:
     assert "cpu-offload-at-pp-gt-1" in _claims(
         "nemo-mbridge-perf-moe-long-context",
         layout + "それでも足りなければ CPU オフロードを有効にしてください。")
+
+
+@pytest.mark.parametrize("text", [
+    "既存の `core_attn` は効いていないので、layernorm に替えます。",
+    "VPP はバブルのための設定で、メモリを減らす効果はありません。",
+])
+def test_more_japanese_negations(text: str) -> None:
+    skill = RECOMPUTE if "core_attn" in text else MEMORY
+    assert _claims(skill, text) == []
+
+
+def test_a_constraint_cited_by_its_rule_id_is_not_offloading_advised_first() -> None:
+    row = ("| layers offloaded | `model.cpu_offloading_num_layers` in [0, num_layers) | "
+           "`offload.cpu-num-layers-range` |")
+    assert "cpu-offload-first" not in _claims(MEMORY, row)
+    assert "cpu-offload-first" in _claims(MEMORY, "1. Enable cpu_offloading=True for 4 layers.")
+
+
+def test_setting_up_offload_with_recompute_off_is_not_ranking_it_first() -> None:
+    text = ("PP is 1 here. Offload path: `cpu_offloading=True`, `cpu_offloading_num_layers=4`, "
+            "`recompute_granularity=None` (offloading excludes recompute).")
+    assert "cpu-offload-first" not in _claims(MEMORY, text)
+
+
+def test_a_pp_1_layout_is_not_read_from_what_one_stage_holds() -> None:
+    text = ("Layout TP4 PP4. Yes, as long as the count fits within what a single pipeline stage "
+            "holds.\n\n```python\ncfg.model.cpu_offloading = True\n```")
+    assert "cpu-offload-at-pp-gt-1" in _claims(MEMORY, text)
+    assert "cpu-offload-at-pp-gt-1" not in _claims(
+        MEMORY, text.replace("Layout TP4 PP4. Yes, as long as the count fits within what a "
+                             "single pipeline stage holds.", "The job runs a single pipeline "
+                             "stage (PP=1)."))
+
+
+@pytest.mark.parametrize("text, claim", [
+    # "not" negates the resize, not fragmentation
+    ("Do not resize the layout for a fragmentation OOM; TP 8 cost 28.4 %.",
+     "fragmentation-ruled-out-blindly"),
+    # FP8 names the measured recipe; the 3 GB is mlp's
+    ("Checklist: proving a memory fix on the Llama3 70B FP8 SFT job.", "fp8-saves-memory"),
+    ("llama3 70b・h100・fp8 の実測では mlp で約 3 GB 減りました。", "fp8-saves-memory"),
+    # the DP = 1 caveat in Japanese
+    ("DP=4 なので distributed optimizer は効果があります。DP=1 の構成では何も節約しません。",
+     "distributed-optimizer-at-dp1"),
+])
+def test_claims_not_made(text: str, claim: str) -> None:
+    assert claim not in _claims(MEMORY, text)
+
+
+@pytest.mark.parametrize("text, claim", [
+    ("Only rank 0 is over, so it is not fragmentation; it is a genuine capacity problem.",
+     "fragmentation-ruled-out-blindly"),
+    ("Switch to an FP8 recipe: it halves the weight memory.", "fp8-saves-memory"),
+    ("Layout TP8 PP8 DP1. Enable the distributed optimizer to save memory.",
+     "distributed-optimizer-at-dp1"),
+])
+def test_the_claims_themselves_are_still_caught(text: str, claim: str) -> None:
+    assert claim in _claims(MEMORY, text)
+
+
+def test_mlp_cost_is_not_read_across_a_japanese_sentence_end() -> None:
+    text = ("TE グラフの scope は `mlp` です。1 行目だけで OOM が消えました（golden 比 -0.8 %）。")
+    assert "mlp-cost-understated" not in _claims(RECOMPUTE, text)
+    assert "mlp-cost-understated" in _claims(
+        RECOMPUTE, "Adding mlp to recompute_modules is cheap: about 3 % lower throughput.")
+
+
+def test_etp_default_of_one_is_right_with_tp_1() -> None:
+    mlc = "nemo-mbridge-perf-moe-long-context"
+    text = "ETP is not given; with TP=1 it defaults to 1."
+    assert "etp-unset-defaults-to-one" not in _claims(mlc, text)
+    assert "etp-unset-defaults-to-one" in _claims(mlc, "If you don't set ETP, it defaults to 1.")
+
+
+def test_summed_kernel_time_set_against_the_union_is_no_claim() -> None:
+    mow = "nemo-mbridge-perf-moe-optimization-workflow"
+    text = ("The summed kernel time can go up while the union of busy intervals and the step "
+            "time go down, so it says nothing about overlap.")
+    assert "summed-kernel-time" not in _claims(mow, text)
+
+
+def test_a_step_already_in_place_or_put_first_does_not_break_the_order() -> None:
+    card = get_skill(REPO, RECOMPUTE).card
+    items = card["answer_checklist"]
+    kept = ("```python\ncfg.model.recompute_granularity = \"full\"\n"
+            "cfg.model.recompute_method = \"uniform\"\ncfg.model.recompute_num_layers = 2\n```\n\n"
+            "```bash\nexport PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  "
+            "# keep the allocator fix on\n```\n")
+    first = ("Stay with `recompute_granularity=\"selective\"` and recompute layernorm. If you went "
+             "to full because of an OOM: make sure `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:"
+             "True` is set first.")
+    for text in (kept, first):
+        got = [e for e in checklist(parse_answer(text), items, lenient_order=True)
+               if e.check == "checklist.order"]
+        assert all(e.passed for e in got), got
+    moved = kept.replace("  # keep the allocator fix on", "  # then the allocator")
+    got = [e for e in checklist(parse_answer(moved), items, lenient_order=True)
+           if e.check == "checklist.order"]
+    assert got and not got[0].passed

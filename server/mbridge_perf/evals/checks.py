@@ -134,6 +134,8 @@ _PUT_FIRST = re.compile(
     r"|\bbefore (?:you )?(?:touch|try|chang|pick|reach)\w* (?:any|anything|a |the |for )"
     r"|\b(?:set|export|fix|check|apply|enable|confirm|add|try) [^.;]{1,80} first"
     r"(?= ?(?:[.;:!)(,—–]|$))"
+    # "make sure X is set first"
+    r"|\b(?:make sure|ensure)\b[^.;]{1,80}\b(?:is|are) (?:set|exported|in place|on) first\b"
     # Japanese: "先に X を試す / 設定する" (X before the rest), "何よりも先に", "まず最初に"
     r"|先に[^。;]{1,80}?(?:試|設定|入れ|適用|有効|export)|何よりも先に|まず最初に"
     # a step that opens with "その前に" (before that) is placed ahead of the steps above it
@@ -172,6 +174,15 @@ _RETAIN = re.compile(r"\b(?:stay|stays|stick|sticks|remain|remains|continue)(?: 
                      r" with| on| at)\b|\bkeep (?:using|running)\b")
 
 
+# A step already taken or a precondition checked, not placed in the sequence: "X alone fixed
+# it", "make sure the job exports X", "# keep the allocator fix on".
+_IN_PLACE = re.compile(
+    r"\balone (?:fixed|cleared|solved|removed)\b|\b(?:fixed|cleared) it on its own\b"
+    r"|\b(?:make sure|ensure|confirm|check) (?:that )?(?:the job |your job |it |you )?"
+    r"(?:exports?|sets?|has|keeps?|still)\b|\bkeep (?:the |your |this )?[\w ]{0,30}"
+    r"\b(?:on|set|in place|exported)\b|\balready (?:set|exported|on|in place)\b")
+
+
 # "It only belongs to full (with recompute_method)", "this applies only to selective": where a
 # field belongs, stated - not a step taken.
 _WHERE_IT_BELONGS = re.compile(r"\b(?:only )?belongs? (?:only )?to\b|\bappl(?:y|ies) only to\b"
@@ -188,7 +199,7 @@ def _placed(m: Match, verify: set[int]) -> bool:
             or (is_question(m.unit) and not _put_first(m))):
         return False
     s = m.unit.norm
-    if _WHERE_IT_BELONGS.search(s):
+    if _WHERE_IT_BELONGS.search(s) or _IN_PLACE.search(s, max(0, m.start - 60), m.end + 60):
         return False
     return _RETAIN.search(s, max(0, m.start - 30), m.start) is None
 

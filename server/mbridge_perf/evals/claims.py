@@ -116,6 +116,10 @@ def _results_row(s: str) -> bool:
 # A search command line ("$ grep -E 'core_attn|...' train.log", "... | rg moe_act").
 _SEARCH = re.compile(r"(?:^|\$ |\| ?)(?:grep|egrep|zgrep|rg)\b")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+# A validator rule id cited as a reference - in parentheses, a code span or its own table cell
+# ("(`offload.cpu-needs-target`)"): section, dot, hyphenated name ("model.cpu_offloading", a
+# config field, has no hyphen).
+_RULE_ID = re.compile(r"[(`|] ?`?[a-z][a-z0-9]*(?:-[a-z0-9]+)*\.[a-z0-9]+(?:-[a-z0-9]+)+`? ?[)`|]")
 # "X, not Y" / "X — never Y" / "X rather than Y": a contrast that negates what follows it.
 _CONTRAST = re.compile(r"(?:[,;]|\s[—–-]) (?:but |and )?(?:not|never|rather than|instead of)\b")
 
@@ -236,8 +240,9 @@ def _asserted_in(m: Misconception, u: Unit, body: str = "") -> bool:
         return not (any(is_negated(u, h.start(), h.end()) for h in (hits[0], hits[-1]))
                     or _CONTRAST.search(s, hits[-1].start(), hits[-1].end()))
     if m.kind == "action":
-        if _SEARCH.search(s) or _results_row(s):
-            return False    # a term searched for ("$ grep core_attn"), a row of results
+        if _SEARCH.search(s) or _results_row(s) or _RULE_ID.search(u.text):
+            return False    # a term searched for ("$ grep core_attn"), a row of results, a
+            # constraint cited by its rule ("(`offload.cpu-needs-target`): ... must be set")
         label = _LABEL_LEAD.match(s)
         # the head of a numbered plan step is advice ("2. **Selective recompute with mlp.**")
         advice = (u.lead or bool(_ADVICE.search(s))

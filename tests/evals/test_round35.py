@@ -10,7 +10,9 @@ import pytest
 from mbridge_perf.evals.answer import parse_answer
 from mbridge_perf.evals.checks import checklist, order
 from mbridge_perf.evals.claims import find_misconceptions
+from mbridge_perf.evals.configs import config_errors
 from mbridge_perf.evals.keys import OUR_TOOLS, invented_keys
+from mbridge_perf.evals.matching import recommended
 from mbridge_perf.server_tools import TOOLS
 from mbridge_perf.skillpack.pack import get_skill
 
@@ -217,3 +219,43 @@ def test_a_step_already_in_place_or_put_first_does_not_break_the_order() -> None
     got = [e for e in checklist(parse_answer(moved), items, lenient_order=True)
            if e.check == "checklist.order"]
     assert got and not got[0].passed
+
+
+def _json_errors(payload: str) -> list[str]:
+    a = parse_answer(f"```json\n{payload}\n```\n")
+    return [f.rule_id for f in config_errors(a.units, a.json_blocks)]
+
+
+BUILDS_ON = """{"baseline": {"comm_overlap.overlap_moe_expert_parallel_comm": false,
+              "comm_overlap.delay_wgrad_compute": false},
+ "candidates": [
+   {"id": "ep_overlap", "changes": {"comm_overlap.overlap_moe_expert_parallel_comm": true}},
+   {"id": "plus_delay_wgrad", "compare_to": "ep_overlap",
+    "changes": {"comm_overlap.delay_wgrad_compute": true}}]}"""
+
+
+def test_a_candidate_that_names_its_sibling_builds_on_its_settings() -> None:
+    assert _json_errors(BUILDS_ON) == []
+    # without the link it is delayed wgrad with EP overlap off, which the validator refuses
+    assert _json_errors(BUILDS_ON.replace('"compare_to": "ep_overlap",', "")) == [
+        "moe-overlap.delay-wgrad-needs-overlap"]
+
+
+def test_the_setup_of_a_measured_figure_is_not_a_step_in_the_order() -> None:
+    card = get_skill(REPO, "nemo-mbridge-perf-moe-long-context").card
+    text = ("Tracked runs: 32 GB200, BF16, HybridEP.\n\n1. Size CP from the sequence: CP = "
+            "seq_length / 4096.\n2. Selective recompute on moe_act and layernorm.")
+    got = [e for e in checklist(parse_answer(text), card["answer_checklist"], lenient_order=True)
+           if e.check == "checklist.order"]
+    assert all(e.passed for e in got), got
+    text = text.replace("Tracked runs: 32 GB200, BF16, HybridEP.", "Use HybridEP on GB200.")
+    got = [e for e in checklist(parse_answer(text), card["answer_checklist"], lenient_order=True)
+           if e.check == "checklist.order"]
+    assert got and not got[0].passed
+
+
+def test_clearing_a_field_is_not_recommending_it() -> None:
+    text = "Go back to selective and clear `recompute_num_layers` (it must be None there)."
+    assert not recommended(_units(text), "recompute_num_layers")
+    assert recommended(_units("Set `recompute_num_layers` to 2 under full."),
+                       "recompute_num_layers")

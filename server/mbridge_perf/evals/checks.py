@@ -180,7 +180,10 @@ _IN_PLACE = re.compile(
     r"\balone (?:fixed|cleared|solved|removed)\b|\b(?:fixed|cleared) it on its own\b"
     r"|\b(?:make sure|ensure|confirm|check) (?:that )?(?:the job |your job |it |you )?"
     r"(?:exports?|sets?|has|keeps?|still)\b|\bkeep (?:the |your |this )?[\w ]{0,30}"
-    r"\b(?:on|set|in place|exported)\b|\balready (?:set|exported|on|in place)\b")
+    r"\b(?:on|set|in place|exported)\b|\balready (?:set|exported|on|in place)\b"
+    # the setup a measured figure was taken on ("Tracked runs: 32 GB200, BF16, HybridEP")
+    r"|\b(?:tracked|measured|reference|recorded) runs?\b|\bfigures we have\b"
+    r"|\b(?:measured|taken|recorded) (?:on|with)\b")
 
 
 # "It only belongs to full (with recompute_method)", "this applies only to selective": where a

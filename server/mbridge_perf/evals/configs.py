@@ -105,21 +105,23 @@ def _json_key(key: str, al: Any) -> str | None:
 
 def _json_groups(data: Any, where: Unit) -> tuple[Settings, list[Settings]]:
     """A JSON value's settings: those outside any list (one config the answer states), and
-    each list item's own (alternatives: jobs of a sweep, candidates), read breadth-first over
-    at most MAX_JSON_NODES values."""
+    each list item's own (alternatives: jobs of a sweep, candidates; an item that names an
+    earlier sibling builds on it), read breadth-first over at most MAX_JSON_NODES values."""
     al = allowlist()
     shared: Settings = {}
     alts: list[Settings] = []
+    base: dict[int, int] = {}   # item -> the sibling it builds on (indices into alts)
     todo: list[tuple[Any, Settings]] = [(data, shared)]
     seen = 0
     while todo and seen < MAX_JSON_NODES:
         node, into = todo.pop(0)
         seen += 1
         if isinstance(node, list):
+            named: dict[str, int] = {}
             for item in node[:MAX_JSON_NODES]:
-                group: Settings = {}
-                alts.append(group)
-                todo.append((item, group))
+                alts.append({})
+                todo.append((item, alts[-1]))
+                _link_sibling(item, len(alts) - 1, named, base)
         elif isinstance(node, dict):
             for k, v in list(node.items())[:MAX_JSON_NODES]:
                 key = _json_key(k, al) if isinstance(k, str) else None
@@ -127,7 +129,36 @@ def _json_groups(data: Any, where: Unit) -> tuple[Settings, list[Settings]]:
                     into[key] = (v, where)
                 elif isinstance(v, (dict, list)):
                     todo.append((v, into))
-    return shared, [g for g in alts if g]
+    return shared, [_resolved(i, alts, base) for i, g in enumerate(alts) if g]
+
+
+_NAME_KEYS = ("id", "name")
+
+
+def _link_sibling(item: Any, at: int, named: dict[str, int], base: dict[int, int]) -> None:
+    """A list item whose value names an earlier sibling ("compare_to": "ep_overlap_plain")
+    builds on it."""
+    if not isinstance(item, dict):
+        return
+    for k, v in list(item.items())[:32]:
+        if k not in _NAME_KEYS and isinstance(v, str) and v in named:
+            base[at] = named[v]
+            break
+    for k in _NAME_KEYS:
+        if isinstance(item.get(k), str):
+            named.setdefault(item[k], at)
+
+
+def _resolved(at: int, alts: list[Settings], base: dict[int, int]) -> Settings:
+    """An item's settings over those of the siblings it builds on (links point back, so the
+    chain ends)."""
+    chain = [at]
+    while chain[-1] in base and len(chain) < 8:
+        chain.append(base[chain[-1]])
+    out: Settings = {}
+    for i in reversed(chain):
+        out.update(alts[i])
+    return out
 
 
 def config_errors(units: list[Unit], blocks: list[Any] | None = None,

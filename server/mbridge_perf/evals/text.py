@@ -136,6 +136,7 @@ _PREFIX = re.compile(
     r"\b(?:do not|don't|dont|does not|doesn't|never|avoid(?:ing)?|instead of|rather than|not|no|"
     r"none of|"
     r"without|nor|neither|reject(?:ed)?|against|stop|drop|disable|turn off|switch off|remove|"
+    r"clear|delete|"
     r"skip|cannot|can't|won't|will not|wrong|myth|bad idea|refuse[sd]?|forbid(?:den)?|"
     r"do not use|unsafe)\b|[❌✗🚫🔴]"
     # "leave core_attn out", "keep X out of the list": the object sits between verb and "out"

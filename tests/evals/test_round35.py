@@ -259,3 +259,36 @@ def test_clearing_a_field_is_not_recommending_it() -> None:
     assert not recommended(_units(text), "recompute_num_layers")
     assert recommended(_units("Set `recompute_num_layers` to 2 under full."),
                        "recompute_num_layers")
+
+
+ENV_AND_UB = """```bash
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True   # the allocator fix
+```
+
+```python
+cfg.ddp.nccl_ub = True   # keep NCCL user buffers on
+```
+"""
+
+
+def test_an_exported_allocator_setting_is_validated_with_the_config_lines() -> None:
+    assert [f.rule_id for f in config_errors(_units(ENV_AND_UB))] == ["env.expandable-vs-nccl-ub"]
+    assert config_errors(_units(ENV_AND_UB.replace("= True", "= False"))) == []
+
+
+def test_a_claim_that_something_is_refused_keeps_its_own_negative_words() -> None:
+    text = ("Selective granularity needs a non-empty `recompute_modules` list, and an empty one "
+            "fails config validation.")
+    assert "selective-needs-nonempty-list" in _claims(RECOMPUTE, text)
+    assert "selective-needs-nonempty-list" not in _claims(
+        RECOMPUTE, "The seed wants a non-empty list, but the pinned code accepts an empty list.")
+
+
+def test_a_task_list_item_is_read_like_any_list_item() -> None:
+    mow = "nemo-mbridge-perf-moe-optimization-workflow"
+    text = ("- [ ] Bring up directly on `moe_token_dispatcher_type=\"flex\"` + "
+            "`moe_flex_dispatcher_backend=\"deepep\"`.")
+    assert parse_answer(text).units[0].text.startswith("Bring up")
+    assert "flex-backend-at-bring-up" in _claims(mow, text)
+    assert "flex-backend-at-bring-up" not in _claims(
+        mow, "- [ ] Bring up on alltoall; A/B flex + deepep later.")

@@ -26,7 +26,7 @@ MAX_ANSWER_BYTES = 1_000_000
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 _HEADING = re.compile(r"^(#{1,6})\s+(.*)$")
 _FENCE = re.compile(r"^\s*(```|~~~)\s*([A-Za-z0-9_-]*)")
-_LIST = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
+_LIST = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+(?:\[[ xX]\]\s+)?")  # "- [ ] ...": a task item
 _ORDERED = re.compile(r"^\s*\d+[.)]\s")
 # A bold step head on a line of its own ("**1. Raise PP**", "__2) Then X__") is an ordered list
 # item too; the emphasis opening it goes with the number.

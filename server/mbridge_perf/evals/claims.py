@@ -19,6 +19,8 @@ A card entry::
                               # it ("mlp" before any other recompute module)
       context: [<regex>]      # every regex must hit somewhere in the answer (its layout:
                               # "PP=4"), e.g. for "enable cpu_offloading" with PP > 1
+      negative: true          # a claim that something is refused ("an empty list fails"):
+                              # only unless / correction cues reject it, not its own "fails"
       absent: [<regex>]       # no regex may hit anywhere in the answer: wrong only when the
                               # answer never says it ("recompute_granularity=full" with no
                               # recompute_method / recompute_num_layers anywhere)
@@ -138,6 +140,7 @@ class Misconception:
     first_among: tuple[re.Pattern[str], ...] = ()
     context: tuple[re.Pattern[str], ...] = ()
     absent: tuple[re.Pattern[str], ...] = ()
+    negative: bool = False  # a claim that something is refused: no negation cue rejects it
 
 
 @dataclass(frozen=True)
@@ -193,7 +196,8 @@ def _one(e: dict[str, Any]) -> Misconception:
         number=(float(num["expect"]), float(num.get("rel_tol", 0.1))) if num else None,
         first_among=tuple(re.compile(r) for r in e.get("first_among", [])),
         context=tuple(re.compile(r) for r in e.get("context", [])),
-        absent=tuple(re.compile(r) for r in e.get("absent", [])))
+        absent=tuple(re.compile(r) for r in e.get("absent", [])),
+        negative=bool(e.get("negative", False)))
 
 
 def misconceptions(card: dict[str, Any]) -> tuple[Misconception, ...]:
@@ -234,6 +238,8 @@ def _asserted_in(m: Misconception, u: Unit, body: str = "") -> bool:
     if m.kind == "claim":
         if all(is_hypothetical(u, h.start(), h.end()) for h in hits):
             return False
+        if m.negative:
+            return True
         # the claim's subject and its predicate both stand unnegated ("core_attn does not save
         # much" negates the predicate; "not core_attn" the subject), and no contrast inside
         # the match negates its tail ("the mean over 41-50, not from iteration 1")

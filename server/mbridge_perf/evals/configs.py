@@ -39,6 +39,9 @@ MAX_CONFIGS = 8
 _PY_SET = re.compile(r"^\s{0,8}(?:(?:cfg|config|conf|recipe|c)\.([a-z_]{2,20})\."
                      r"([a-z][a-z0-9_]{1,60})\s{0,4}|([a-z_]{2,20})\.([a-z][a-z0-9_]{1,60})\s{1,4})="
                      r"\s{0,4}([^#\n]{1,200}?)\s{0,40}(?:#.*)?$")
+# "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True": the job environment (env.NAME)
+_ENV_SET = re.compile(r"^\s{0,8}export\s{1,4}([A-Z][A-Z0-9_]{2,60})=[\"']?([\w.,:=+-]{1,120})"
+                      r"[\"']?\s{0,40}(?:#.*)?$")
 _NAMED = re.compile(r"\b([a-z][a-z0-9_]{2,60})=")
 Settings = dict[str, tuple[Any, Unit]]  # "section.field" -> (value, the unit that set it)
 _MOE_BASE = {"model.num_moe_experts": 64, "model.moe_router_topk": 8,
@@ -82,6 +85,10 @@ def settings(units: list[Unit]) -> Settings:
             continue
         text = u.text.replace("`", "")
         if text.startswith("-"):  # a diff's removed line: not in the config it leaves
+            continue
+        env = _ENV_SET.match(text)
+        if env and is_recommended(u, 0, len(u.norm)):
+            out[f"env.{env.group(1)}"] = (env.group(2), u)
             continue
         m = _PY_SET.match(text[1:] if text.startswith("+") else text)
         if m:

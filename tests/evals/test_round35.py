@@ -292,3 +292,23 @@ def test_a_task_list_item_is_read_like_any_list_item() -> None:
     assert "flex-backend-at-bring-up" in _claims(mow, text)
     assert "flex-backend-at-bring-up" not in _claims(
         mow, "- [ ] Bring up on alltoall; A/B flex + deepep later.")
+
+
+@pytest.mark.parametrize("tail", [
+    "Export `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` regardless.",
+    "If you keep TE graphs, make sure `NCCL_GRAPH_REGISTER=0` is exported next to "
+    "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`.",
+    "If so, try `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (plus `NCCL_GRAPH_REGISTER=0` "
+    "while TE-scoped graphs stay on) first.",
+])
+def test_an_allocator_line_made_regardless_checked_or_put_first_keeps_the_order(tail: str) -> None:
+    items = get_skill(REPO, RECOMPUTE).card["answer_checklist"]
+    text = "Go back to `recompute_granularity=\"selective\"` with layernorm. " + tail
+    got = [e for e in checklist(parse_answer(text), items, lenient_order=True)
+           if e.check == "checklist.order"]
+    assert all(e.passed for e in got), got
+    plain = "Go back to `recompute_granularity=\"selective\"` with layernorm. Then export " \
+            "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`."
+    got = [e for e in checklist(parse_answer(plain), items, lenient_order=True)
+           if e.check == "checklist.order"]
+    assert got and not got[0].passed

@@ -132,7 +132,7 @@ _PUT_FIRST = re.compile(
     r"the (?:above|options|steps|three|two))\b"
     r"|\bbefore (?:anything|everything) else\b|\bfirst of all\b"
     r"|\bbefore (?:you )?(?:touch|try|chang|pick|reach)\w* (?:any|anything|a |the |for )"
-    r"|\b(?:set|export|fix|check|apply|enable|confirm|add|try) [^.;]{1,80} first"
+    r"|\b(?:set|export|fix|check|apply|enable|confirm|add|try) [^.;]{1,120} first"
     r"(?= ?(?:[.;:!)(,—–]|$))"
     # "make sure X is set first"
     r"|\b(?:make sure|ensure)\b[^.;]{1,80}\b(?:is|are) (?:set|exported|in place|on) first\b"
@@ -183,7 +183,10 @@ _IN_PLACE = re.compile(
     r"\b(?:on|set|in place|exported)\b|\balready (?:set|exported|on|in place)\b"
     # the setup a measured figure was taken on ("Tracked runs: 32 GB200, BF16, HybridEP")
     r"|\b(?:tracked|measured|reference|recorded) runs?\b|\bfigures we have\b"
-    r"|\b(?:measured|taken|recorded) (?:on|with)\b")
+    r"|\b(?:measured|taken|recorded) (?:on|with)\b"
+    # a setting made whatever else happens ("Export X regardless"), or checked in place
+    r"|\bregardless\b|\bin any case\b|\beither way\b"
+    r"|\b(?:make sure|ensure)\b[^.;]{0,80}\b(?:is|are) (?:exported|set|on|in place)\b(?! first)")
 
 
 # "It only belongs to full (with recompute_method)", "this applies only to selective": where a
@@ -202,7 +205,7 @@ def _placed(m: Match, verify: set[int]) -> bool:
             or (is_question(m.unit) and not _put_first(m))):
         return False
     s = m.unit.norm
-    if _WHERE_IT_BELONGS.search(s) or _IN_PLACE.search(s, max(0, m.start - 60), m.end + 60):
+    if _WHERE_IT_BELONGS.search(s) or _IN_PLACE.search(s, max(0, m.start - 90), m.end + 60):
         return False
     return _RETAIN.search(s, max(0, m.start - 30), m.start) is None
 

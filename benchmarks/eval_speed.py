@@ -77,6 +77,12 @@ def shapes() -> dict[str, str]:
             {"overrides": {"model.recompute_granularity": "selective",
                            "model.cpu_offloading": True, "model.recompute_modules": ["moe"]}}
             for _ in range(1500)]}) + "\n```\n",
+        # env exports read into the config, and a sweep whose jobs each build on the one before
+        "env exports and sibling chain": "```bash\n" + "".join(
+            f"export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # run {k}\n"
+            for k in range(2000)) + "```\n\n```json\n" + json.dumps({"candidates": [
+                {"id": f"c{k}", "compare_to": f"c{k - 1}",
+                 "changes": {"ddp.nccl_ub": k % 2 == 0}} for k in range(1200)]}) + "\n```\n",
     }
 
 

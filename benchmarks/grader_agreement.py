@@ -145,8 +145,18 @@ start-of-stop grader). After Japanese forms of four recurring card claims, a fin
 writers reported nothing about their mistakes, heldout27 and heldout28, measured once at
 45ac50e: 23/32 and 18/32 (41/64, 64 %; good answers passing 18/32, bad answers failing 23/32);
 the start-of-stop grader reads 24/32 and 18/32 (42/64). The eight batches of the stop: 182/256
-(71 %; 180 at 921c81d). heldout23 and heldout25-28 are not developed on. Over the eighteen
-batches at their first grade: 403/576 (70 %).
+(71 %; 180 at 921c81d). Over the eighteen batches at their first grade: 403/576 (70 %).
+Stop 32 developed on heldout23 and heldout25-30 (heldout23/25/26 had only their first grades
+clean; 27/28 first grades above; 29/30 graded once at the start-of-stop grader e9b2ba8: 21/32
+and 23/32) and kept six new batches unread for one final measurement, heldout31-36, whose writers
+replied only "done" (styles asked for: mid-incident numbers, long Japanese procedures, terse,
+code-heavy, hedged reviews, order / combination mistakes). At e9b2ba8 they read 142/192 (74 %;
+good answers passing 79/96, bad answers failing 63/96); with the stop's grader 143/192 (74 %;
+80/96 and 63/96) - three verdicts moved (one good answer now passes, one bad answer is now
+failed, and one bad answer the old grader failed only for reading our tool name
+'validate_config:' as an invented key now passes). The developed batches moved much more
+(806 -> 846 of 920 answers): the readings added were mostly phrasings those batches showed,
+and on unseen answers they barely transfer.
 """
 
 from __future__ import annotations
@@ -190,12 +200,20 @@ BLIND = {"heldout": "blind batch 1 (measured once at 19/24, developed on since)"
          "heldout20": "blind batch 20 (measured once at 18/32, developed on since)",
          "heldout21": "blind batch 21 (measured once at 26/32, developed on since)",
          "heldout22": "blind batch 22 (measured once at 21/32, developed on since)",
-         "heldout23": "blind batch 23 (measured once at 25/32, not developed on)",
+         "heldout23": "blind batch 23 (measured once at 25/32, developed on since)",
          "heldout24": "blind batch 24 (measured once at 27/32, developed on since)",
-         "heldout25": "blind batch 25 (measured once at 19/32, not developed on)",
-         "heldout26": "blind batch 26 (measured once at 23/32, not developed on)",
-         "heldout27": "blind batch 27 (measured once at 23/32, not developed on)",
-         "heldout28": "blind batch 28 (measured once at 18/32, not developed on)"}
+         "heldout25": "blind batch 25 (measured once at 19/32, developed on since)",
+         "heldout26": "blind batch 26 (measured once at 23/32, developed on since)",
+         "heldout27": "blind batch 27 (measured once at 23/32, developed on since)",
+         "heldout28": "blind batch 28 (measured once at 18/32, developed on since)",
+         "heldout29": "blind batch 29 (measured once at 21/32, developed on since)",
+         "heldout30": "blind batch 30 (measured once at 23/32, developed on since)",
+         "heldout31": "blind batch 31 (measured at 25/32 and, end of stop 32, 26/32; unread)",
+         "heldout32": "blind batch 32 (measured at 22/32 and, end of stop 32, 21/32; unread)",
+         "heldout33": "blind batch 33 (measured at 26/32 and, end of stop 32, 26/32; unread)",
+         "heldout34": "blind batch 34 (measured at 25/32 and, end of stop 32, 25/32; unread)",
+         "heldout35": "blind batch 35 (measured at 23/32 and, end of stop 32, 23/32; unread)",
+         "heldout36": "blind batch 36 (measured at 21/32 and, end of stop 32, 22/32; unread)"}
 PREFIX = "nemo-mbridge-perf-"
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 

@@ -31,6 +31,13 @@ def _claims(skill: str, text: str) -> list[str]:
     return [f.misconception.id for f in find_misconceptions(card, _units(text))]
 
 
+def _order(skill: str, text: str) -> list:
+    """The card-order verdicts of a skill-checklist grade (none when fewer than two steps)."""
+    items = get_skill(REPO, skill).card["answer_checklist"]
+    return [e for e in checklist(parse_answer(text), items, lenient_order=True)
+            if e.check == "checklist.order"]
+
+
 PLAN_ROWS = """| step | lever | setting | cost |
 |---|---|---|---|
 | 1 | recompute | `model.recompute_modules = ["layernorm"]` | about 0 % |
@@ -202,8 +209,6 @@ def test_summed_kernel_time_set_against_the_union_is_no_claim() -> None:
 
 
 def test_a_step_already_in_place_or_put_first_does_not_break_the_order() -> None:
-    card = get_skill(REPO, RECOMPUTE).card
-    items = card["answer_checklist"]
     kept = ("```python\ncfg.model.recompute_granularity = \"full\"\n"
             "cfg.model.recompute_method = \"uniform\"\ncfg.model.recompute_num_layers = 2\n```\n\n"
             "```bash\nexport PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  "
@@ -212,12 +217,10 @@ def test_a_step_already_in_place_or_put_first_does_not_break_the_order() -> None
              "to full because of an OOM: make sure `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:"
              "True` is set first.")
     for text in (kept, first):
-        got = [e for e in checklist(parse_answer(text), items, lenient_order=True)
-               if e.check == "checklist.order"]
+        got = _order(RECOMPUTE, text)
         assert all(e.passed for e in got), got
     moved = kept.replace("  # keep the allocator fix on", "  # then the allocator")
-    got = [e for e in checklist(parse_answer(moved), items, lenient_order=True)
-           if e.check == "checklist.order"]
+    got = _order(RECOMPUTE, moved)
     assert got and not got[0].passed
 
 
@@ -242,15 +245,13 @@ def test_a_candidate_that_names_its_sibling_builds_on_its_settings() -> None:
 
 
 def test_the_setup_of_a_measured_figure_is_not_a_step_in_the_order() -> None:
-    card = get_skill(REPO, "nemo-mbridge-perf-moe-long-context").card
+    mlc = "nemo-mbridge-perf-moe-long-context"
     text = ("Tracked runs: 32 GB200, BF16, HybridEP.\n\n1. Size CP from the sequence: CP = "
             "seq_length / 4096.\n2. Selective recompute on moe_act and layernorm.")
-    got = [e for e in checklist(parse_answer(text), card["answer_checklist"], lenient_order=True)
-           if e.check == "checklist.order"]
+    got = _order(mlc, text)
     assert all(e.passed for e in got), got
     text = text.replace("Tracked runs: 32 GB200, BF16, HybridEP.", "Use HybridEP on GB200.")
-    got = [e for e in checklist(parse_answer(text), card["answer_checklist"], lenient_order=True)
-           if e.check == "checklist.order"]
+    got = _order(mlc, text)
     assert got and not got[0].passed
 
 
@@ -302,13 +303,10 @@ def test_a_task_list_item_is_read_like_any_list_item() -> None:
     "while TE-scoped graphs stay on) first.",
 ])
 def test_an_allocator_line_made_regardless_checked_or_put_first_keeps_the_order(tail: str) -> None:
-    items = get_skill(REPO, RECOMPUTE).card["answer_checklist"]
     text = "Go back to `recompute_granularity=\"selective\"` with layernorm. " + tail
-    got = [e for e in checklist(parse_answer(text), items, lenient_order=True)
-           if e.check == "checklist.order"]
+    got = _order(RECOMPUTE, text)
     assert all(e.passed for e in got), got
     plain = "Go back to `recompute_granularity=\"selective\"` with layernorm. Then export " \
             "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`."
-    got = [e for e in checklist(parse_answer(plain), items, lenient_order=True)
-           if e.check == "checklist.order"]
+    got = _order(RECOMPUTE, plain)
     assert got and not got[0].passed

@@ -11,6 +11,7 @@ from mbridge_perf.evals.answer import parse_answer
 from mbridge_perf.evals.checks import checklist, order
 from mbridge_perf.evals.claims import find_misconceptions
 from mbridge_perf.evals.configs import config_errors
+from mbridge_perf.evals.grade import grade_skill
 from mbridge_perf.evals.keys import OUR_TOOLS, invented_keys
 from mbridge_perf.evals.matching import recommended
 from mbridge_perf.server_tools import TOOLS
@@ -310,3 +311,21 @@ def test_an_allocator_line_made_regardless_checked_or_put_first_keeps_the_order(
             "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`."
     got = _order(RECOMPUTE, plain)
     assert got and not got[0].passed
+
+
+@pytest.mark.parametrize("text", [
+    "```python\ncfg.model.recompute_granularity = \"selective\"\n"
+    "cfg.model.recompute_modules = [...]\n```",
+    "```json\n{\"model.recompute_modules\": [1], \"model.recompute_granularity\": \"selective\"}\n```",
+])
+def test_a_value_of_the_wrong_type_is_not_judged_and_does_not_crash_the_grade(text: str) -> None:
+    a = parse_answer(text)
+    assert config_errors(a.units, a.json_blocks) == []
+    card = get_skill(REPO, RECOMPUTE).card
+    assert grade_skill(card, a, RECOMPUTE).passed
+
+
+def test_a_typed_combination_is_still_refused() -> None:
+    text = ("```python\ncfg.model.recompute_granularity = \"selective\"\n"
+            "cfg.model.recompute_num_layers = 2\n```")
+    assert [f.rule_id for f in config_errors(_units(text))] == ["recompute.selective-no-num-layers"]

@@ -188,6 +188,18 @@ def config_errors(units: list[Unit], blocks: list[Any] | None = None,
     return out[:limit]
 
 
+def _typed(cfg: Any, key: str, value: Any) -> Any:
+    """``cfg`` when ``value`` has the type its field declares, else ValueError: apply_changes
+    copies values in unchecked (its own come typed), and an answer's "[...]" or [1] in
+    recompute_modules would reach the rules as a non-string label."""
+    section, _, name = key.partition(".")
+    current = getattr(cfg, section)
+    if name in getattr(type(current), "model_fields", {}):
+        type(current).__pydantic_validator__.validate_assignment(current.model_copy(), name,
+                                                                 value)
+    return cfg
+
+
 def _validated(got: Settings) -> list[ConfigFinding]:
     """The errors of one config the answer states (see the module docstring)."""
     from mbridge_perf.advise.changes import apply_changes
@@ -203,7 +215,7 @@ def _validated(got: Settings) -> list[ConfigFinding]:
         cfg = apply_changes(cfg, _MOE_BASE)
     for key, (value, _) in list(got.items()):
         try:
-            cfg = apply_changes(cfg, {key: value})
+            cfg = _typed(apply_changes(cfg, {key: value}), key, value)
         except (ConfigError, ValueError, TypeError, AttributeError):
             del got[key]  # not applied: not judged either
     out: list[ConfigFinding] = []

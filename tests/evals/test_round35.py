@@ -316,7 +316,8 @@ def test_an_allocator_line_made_regardless_checked_or_put_first_keeps_the_order(
 @pytest.mark.parametrize("text", [
     "```python\ncfg.model.recompute_granularity = \"selective\"\n"
     "cfg.model.recompute_modules = [...]\n```",
-    "```json\n{\"model.recompute_modules\": [1], \"model.recompute_granularity\": \"selective\"}\n```",
+    "```json\n{\"model.recompute_modules\": [1], "
+    "\"model.recompute_granularity\": \"selective\"}\n```",
 ])
 def test_a_value_of_the_wrong_type_is_not_judged_and_does_not_crash_the_grade(text: str) -> None:
     a = parse_answer(text)

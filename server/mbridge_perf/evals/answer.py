@@ -47,7 +47,8 @@ _ABBREV = re.compile(r"(?:\b(?:e\.g|i\.e|vs|etc|approx|cf|incl|resp|no|fig|eq|ca
 _OUTPUT_FENCES = frozenset({"", "text", "txt", "log", "console", "output", "plaintext"})
 # A blockquoted config line ("> `recompute_modules: [up_proj, moe_act]`"): a review quoting
 # the user's diff or a log, not the answer's own setting.
-_QUOTED_SETTING = re.compile(r"^\s*>\s?`?[A-Za-z]\w{0,40}[_.][\w.\[\]-]{0,80} ?[:=] ?\S")
+_QUOTED_SETTING = re.compile(r"^\s*>\s?(?:`?[A-Za-z]\w{0,40}[_.][\w.\[\]-]{0,80} ?[:=] ?\S"
+                             r"|`[-+#]?\s{0,4}-{0,2}[A-Za-z])")
 _COMMAND_LINE = re.compile(r"=|^\s*(?:[$>#-]|export\b|python|torchrun|srun|sbatch|bash\b|"
                            r"nsys\b|grep\b|uv\b|pip\b)")
 
@@ -308,7 +309,7 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
         fm = _FENCE.match(line)
         if fence is not None:
             if fm and fm.group(1) == fence[:3]:
-                _close_fence(fence, code, blocks, units, add)
+                _close_fence(fence, code, blocks, units, add, st.get("review", False))
                 fence, code = None, []
             else:
                 code.append(line)
@@ -316,6 +317,7 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
         if fm:
             flush()
             fence = fm.group(1) + fm.group(2).lower()
+            st["review"] = under_review(units)
             continue
         if _QUOTED_SETTING.match(line):
             flush()
@@ -342,7 +344,7 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
             para.append(_LIST.sub("", line, count=1).strip() if _LIST.match(line) else line)
     flush()
     if fence is not None:
-        _close_fence(fence, code, blocks, units, add)
+        _close_fence(fence, code, blocks, units, add, st.get("review", False))
     return units, blocks
 
 
@@ -358,7 +360,7 @@ def _track_parent(line: str, st: dict[str, Any]) -> None:
 
 
 def _close_fence(fence: str, code: list[str], blocks: list[Any], units: list[Unit],
-                 add: Any) -> None:
+                 add: Any, review: bool = False) -> None:
     body = "\n".join(code)
     if fence.endswith("json") or body.lstrip().startswith("{"):
         try:
@@ -378,7 +380,7 @@ def _close_fence(fence: str, code: list[str], blocks: list[Any], units: list[Uni
             return
     output = fence[3:] in _OUTPUT_FENCES
     shown = (fence[3:] not in _SHELL_FENCES and bool(code)
-             and _STATE_SHOWN.match(code[0]) is not None)
+             and (review or _STATE_SHOWN.match(code[0]) is not None))
     lines = _join_comments(code)
     for i, line in enumerate(lines):
         # a command whose next line is an error is the failing run shown, not advice
@@ -390,6 +392,19 @@ def _close_fence(fence: str, code: list[str], blocks: list[Any], units: list[Uni
 # "ValueError: ...", "Traceback (most recent call last):").
 _ERROR_LINE = re.compile(r"^\s*(?:[A-Za-z.]{0,40}(?:error|exception)\b|usage:|traceback\b)",
                          re.IGNORECASE)
+
+
+# The lead-in of a block the answer reviews ("Requesting changes on `recompute_modules`:",
+# "Your diff:", "The config as posted:"); an answer that opens with a block reviews it too.
+_REVIEW_LEAD = re.compile(r"(?:requesting changes|changes requested|\byour (?:diff|config|change|"
+                          r"patch|pr|yaml|script|snippet|block|code)\b|as (?:posted|written|"
+                          r"submitted|proposed)|you (?:posted|wrote|pasted|sent|proposed)\b)"
+                          r"[^\n]{0,120}:\s*$", re.IGNORECASE)
+
+
+def under_review(units: list[Unit]) -> bool:
+    """Whether a fenced block about to open shows the state the answer reviews, not advice."""
+    return bool(units) and _REVIEW_LEAD.search(units[-1].text) is not None
 
 
 _SHELL_FENCES = frozenset({"bash", "sh", "shell", "zsh", "console", "shell-session"})

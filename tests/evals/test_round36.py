@@ -116,3 +116,31 @@ def test_naming_a_model_states_its_architecture_but_not_its_layer_count() -> Non
     assert {"model.multi_latent_attention", "model.num_moe_experts"} <= stated
     dense, _ = model_fields("llama3-70b")
     assert dense["model.multi_latent_attention"] is False and dense["model.num_moe_experts"] is None
+
+
+LONG = "nemo-mbridge-perf-moe-long-context"
+
+
+def test_a_japanese_check_that_a_warning_is_absent_is_no_advice() -> None:
+    assert _claims(LONG, "ログに core_attn の警告が出ていないことを確認してください。") == []
+
+
+def test_japanese_advice_to_add_the_label_is_still_the_claim() -> None:
+    text = "128K では core_attn の再計算を追加してください。"
+    assert "core-attn-at-long-seq" in _claims(LONG, text)
+
+
+OPENING_DIFF = """```python
+ cfg.model.context_parallel_size = 8
++cfg.model.recompute_modules = ["up_proj"]
+```
+
+{verdict} `up_proj` is not a recompute label; the MLA one is `mla_up_proj`."""
+
+
+def test_a_diff_the_answer_opens_with_is_reviewed_when_a_verdict_follows() -> None:
+    assert _passes_keys(OPENING_DIFF.format(verdict="**Comment (blocking):**"))
+
+
+def test_an_opening_block_without_a_review_verdict_is_the_answers_config() -> None:
+    assert not _passes_keys(OPENING_DIFF.format(verdict="Then check:"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -311,13 +311,14 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
             if fm and fm.group(1) == fence[:3]:
                 _close_fence(fence, code, blocks, units, add, st.get("review", False))
                 fence, code = None, []
+                st.setdefault("opening", len(units) if st["at_open"] == 0 else 0)
             else:
                 code.append(line)
             continue
         if fm:
             flush()
             fence = fm.group(1) + fm.group(2).lower()
-            st["review"] = under_review(units)
+            st["review"], st["at_open"] = under_review(units), len(units)
             continue
         if _QUOTED_SETTING.match(line):
             flush()
@@ -345,7 +346,7 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
     flush()
     if fence is not None:
         _close_fence(fence, code, blocks, units, add, st.get("review", False))
-    return units, blocks
+    return _reviewed_opening(units, st.get("opening", 0)), blocks
 
 
 def _track_parent(line: str, st: dict[str, Any]) -> None:
@@ -400,6 +401,21 @@ _REVIEW_LEAD = re.compile(r"(?:requesting changes|changes requested|\byour (?:di
                           r"patch|pr|yaml|script|snippet|block|code)\b|as (?:posted|written|"
                           r"submitted|proposed)|you (?:posted|wrote|pasted|sent|proposed)\b)"
                           r"[^\n]{0,120}:\s*$", re.IGNORECASE)
+
+
+# The verdict that follows a block an answer opens with when the block is the change reviewed
+# ("**Comment (blocking):** ...", "Requesting changes: ...", "Review: ...").
+_REVIEW_VERDICT = re.compile(r"^\W{0,6}(?:review\w*|comment\w*|blocking|requesting changes|"
+                             r"changes requested|nit\b|verdict|do not merge|not ready)",
+                             re.IGNORECASE)
+
+
+def _reviewed_opening(units: list[Unit], n: int) -> list[Unit]:
+    """The ``n`` units of the block an answer opens with, quoted when a review verdict follows
+    it: the diff under review, not the answer's advice."""
+    if 0 < n < len(units) and _REVIEW_VERDICT.match(units[n].text):
+        return [replace(u, quoted=True) for u in units[:n]] + units[n:]
+    return units
 
 
 def under_review(units: list[Unit]) -> bool:

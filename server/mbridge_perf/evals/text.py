@@ -165,6 +165,8 @@ _SUFFIX = re.compile(
     r"|意味(?:は|が)(?:ない|ありません)"
     # prohibitions: "X で比べてはいけません", "X すべきではない", "X しないでください"
     r"|[てで]はいけ(?:ない|ません)|[てで]はなりません|べきで(?:は)?(?:ない|ありません)|ないでください"
+    # "ログに X の警告が出ていないこと" (X's warning does not appear): a check, not advice
+    r"|出(?:てい)?(?:ない|ません)"
     # "X ではない", "X とは限りません" (not necessarily X), "X わけではない"
     r"|ではない|ではありません|じゃない|とは限(?:らない|らず|りません)|わけではな|わけではありません"
     # "cpu_offloading raises a ValueError": refused at startup

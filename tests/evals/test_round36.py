@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mbridge_perf.evals.answer import parse_answer
-from mbridge_perf.evals.claims import find_misconceptions
+from mbridge_perf.evals.claims import find_misconceptions, formula_errors
 from mbridge_perf.evals.configs import config_errors
 from mbridge_perf.evals.grade import grade_skill
 from mbridge_perf.evals.models import model_fields, named_model
@@ -144,3 +144,23 @@ def test_a_diff_the_answer_opens_with_is_reviewed_when_a_verdict_follows() -> No
 
 def test_an_opening_block_without_a_review_verdict_is_the_answers_config() -> None:
     assert not _passes_keys(OPENING_DIFF.format(verdict="Then check:"))
+
+
+@pytest.mark.parametrize(("text", "missing"), [
+    ("Expert mesh: ETP=1, EP=8, PP=2. EDP = world / (ETP·EP) = 64 / 8 = 8.", "PP (= 2)"),
+    ("Layout TP=2, PP=4, CP=1. Dense DP = world / (TP·CP) = 16.", "PP (= 4)"),
+    ("EP=16 and PP=2 on 128 GPUs: EDP = world / (ETP*PP) = 64.", "EP (= 16)"),
+])
+def test_a_data_parallel_formula_that_drops_a_sized_dimension_is_caught(text: str,
+                                                                        missing: str) -> None:
+    found = formula_errors(parse_answer(text).units)
+    assert found and missing in found[0].evidence, found
+
+
+@pytest.mark.parametrize("text", [
+    "Expert mesh: ETP=1, EP=8, PP=2. EDP = world / (ETP·EP·PP) = 64 / 16 = 4.",
+    "EP=8 on one stage (PP=1): EDP = world / (ETP·EP) = 8.",
+    "Layout TP=2, PP=4. Dense DP = world / (TP·PP·CP) = 8.",
+])
+def test_the_complete_formulas_and_a_dimension_of_one_are_not(text: str) -> None:
+    assert formula_errors(parse_answer(text).units) == []

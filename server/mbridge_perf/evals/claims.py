@@ -507,7 +507,7 @@ def _factor(toks: list[str], i: int, depth: int) -> tuple[float, int]:
 @dataclass(frozen=True)
 class FormulaError:
     """A layout formula that leaves out a dimension the answer itself uses (dense DP written
-    as world / (TP·PP) while CP > 1)."""
+    as world / (TP·PP) while CP > 1, EDP as world / (ETP·EP) while PP > 1)."""
 
     formula: str
     missing: str
@@ -516,31 +516,44 @@ class FormulaError:
 
     @property
     def evidence(self) -> str:
-        return (f"states DP = {self.formula}, which leaves out {self.missing} — wrong: "
+        return (f"states {self.formula}, which leaves out {self.missing} — wrong: "
                 f"{self.why}, in: {clip(self.unit.text, 200)}")
 
 
 _DIMS = r"(?:tp|pp|cp|ep|etp|vpp)(?:=\d+)?"
-# "dense DP = world / (TP·PP)", "| dense DP at 512 GPUs | world / (TP·PP) |": the symbolic
-# denominator of a dense DP formula (EDP does not match: the lookbehind wants no letter).
+# "dense DP = world / (TP·PP)", "| dense DP at 512 GPUs | world / (TP·PP) |", "EDP = world /
+# (ETP·EP)": the mesh and the symbolic denominator of its data-parallel formula
 _DP_FORMULA = re.compile(
-    rf"(?<![a-z])dp(?:=\d+)?\b[^=/.;|]{{0,40}}?(?:=|\|) ?"
+    rf"(?<![a-z])(e?dp)(?:=\d+)?\b[^=/.;|]{{0,40}}?(?:=|\|) ?"
     rf"(?:world(?:[_ ]size)?|n|gpus|total gpus) ?/ ?"
     rf"(\(?{_DIMS}(?: ?[·*×x] ?{_DIMS}){{0,4}}\)?(?: ?[·*×x/] ?{_DIMS}){{0,3}})")
-# CP > 1 as the answer states it: "CP=32", "CP from the sequence: 131072 / 4096 = 32".
-# In a chain ("CP = 131072 / 4096 = 32") the size is the result, not an operand.
-_CP_SIZE = re.compile(r"\bcp=(\d{1,6})\b(?! ?[/×*·÷])|\bcp\b[^.;|=]{0,40}=(?:[^.;|=]{0,40}=)?"
+# A size the answer states: "TP=4" (normalised from "TP 4", "4-way TP"), and CP from the
+# sequence ("CP = 131072 / 4096 = 32": in a chain the size is the result, not an operand).
+_SIZE = re.compile(r"(?<![a-z])(tp|pp|cp|ep|etp)=(\d{1,6})\b(?! ?[/×*·÷])")
+_CP_SIZE = re.compile(r"\bcp\b[^.;|=]{0,40}=(?:[^.;|=]{0,40}=)?"
                       r" ?(\d{1,6})\b(?! ?[/×*·÷])")
-_CP_WHY = ("CP ranks are part of the dense mesh TP × CP × DP × PP, so dense DP = "
-           "world / (TP·PP·CP)")
+# each mesh's data-parallel size divides the world by these (Parallel Folding)
+_MESH = {"dp": ("tp", "pp", "cp"), "edp": ("etp", "ep", "pp")}
+_MESH_WHY = {"dp": "the dense mesh is TP × CP × DP × PP, so dense DP = world / (TP·PP·CP)",
+             "edp": "the expert mesh is ETP × EP × EDP × PP, so EDP = world / (ETP·EP·PP)"}
+
+
+def _sizes(units: list[Unit]) -> dict[str, int]:
+    """The largest size the answer states for each parallel dimension."""
+    out: dict[str, int] = {}
+    for u in units:
+        for m in _SIZE.finditer(u.norm):
+            out[m.group(1)] = max(out.get(m.group(1), 1), int(m.group(2)))
+        for m in _CP_SIZE.finditer(u.norm):
+            out["cp"] = max(out.get("cp", 1), int(m.group(1)))
+    return out
 
 
 def formula_errors(units: list[Unit], limit: int = 4) -> list[FormulaError]:
-    """Dense DP formulas without CP in an answer whose CP is above 1. One bounded regex pass per
-    unit, so the scan is linear in the answer."""
-    cp = max((int(m.group(1) or m.group(2)) for u in units for m in _CP_SIZE.finditer(u.norm)),
-             default=1)
-    if cp <= 1:
+    """DP and EDP formulas that leave out a dimension the answer sizes above 1. One bounded
+    regex pass per unit, so the scan is linear in the answer."""
+    sizes = _sizes(units)
+    if not any(n > 1 for n in sizes.values()):
         return []
     out: list[FormulaError] = []
     for u in units:
@@ -549,9 +562,14 @@ def formula_errors(units: list[Unit], limit: int = 4) -> list[FormulaError]:
         if "/" not in low:
             continue
         for m in _DP_FORMULA.finditer(low):
-            if "cp" not in re.findall(r"[a-z]+", m.group(1)):
-                out.append(FormulaError(f"world / {m.group(1).strip()}", f"CP (= {cp})",
-                                        _CP_WHY, u))
+            used = set(re.findall(r"[a-z]+", m.group(2)))
+            mesh = m.group(1)
+            gone = [d for d in _MESH[mesh] if d not in used and sizes.get(d, 1) > 1]
+            if gone:
+                missing = ", ".join(f"{d.upper()} (= {sizes[d]})" for d in gone)
+                out.append(FormulaError(f"{mesh.upper()} = world / {m.group(2).strip()}",
+                                        missing, _MESH_WHY[mesh], u))
                 if len(out) >= limit:
                     return out
+    return out
     return out

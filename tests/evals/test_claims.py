@@ -14,10 +14,10 @@ from mbridge_perf.evals.checks import numeric, valid_keys
 from mbridge_perf.evals.claims import (
     arithmetic_errors,
     find_misconceptions,
-    formula_errors,
     misconceptions,
 )
 from mbridge_perf.evals.grade import grade_skill
+from mbridge_perf.evals.layout import formula_errors
 from mbridge_perf.skillpack.pack import get_skill, list_skills
 
 from helpers import REPO

@@ -128,7 +128,7 @@ def test_a_sweeps_jobs_are_alternatives_judged_with_the_shared_settings() -> Non
 
 
 def test_cp_is_the_result_of_a_chain_and_a_starred_product_keeps_cp() -> None:
-    from mbridge_perf.evals.claims import formula_errors
+    from mbridge_perf.evals.layout import formula_errors
 
     ok = _units("CP = 65536 / 4096 = 16 ranks.\n\nDense DP = world / (TP*PP*CP) = 2.")
     assert formula_errors(ok) == []

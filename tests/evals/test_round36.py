@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from mbridge_perf.evals.answer import parse_answer
-from mbridge_perf.evals.claims import find_misconceptions, formula_errors
+from mbridge_perf.evals.claims import find_misconceptions
 from mbridge_perf.evals.configs import config_errors
 from mbridge_perf.evals.grade import grade_skill
+from mbridge_perf.evals.layout import accumulation_errors, formula_errors
 from mbridge_perf.evals.models import model_fields, named_model
 from mbridge_perf.skillpack.pack import get_skill
 
@@ -164,3 +165,26 @@ def test_a_data_parallel_formula_that_drops_a_sized_dimension_is_caught(text: st
 ])
 def test_the_complete_formulas_and_a_dimension_of_one_are_not(text: str) -> None:
     assert formula_errors(parse_answer(text).units) == []
+
+
+SHAPE = "Llama3 70B, TP4 PP4 DP2, MBS 1, GBS 64, seq 4096.\n\n"
+
+
+def test_an_accumulation_count_that_is_not_gbs_over_mbs_dp_is_wrong_arithmetic() -> None:
+    found = accumulation_errors(parse_answer(
+        SHAPE + "Going to PP 8 halves DP: DP 1 means 32 accumulation steps per update.").units)
+    assert found and found[0].actual == 64 and "DP 1 means 32" in found[0].evidence
+
+
+@pytest.mark.parametrize("tail", [
+    "Going to PP 8 halves DP: DP 1 means 64 accumulation steps per update.",
+    "The baseline runs 32 accumulation steps at DP 2.",
+    "PP 8 doubles the accumulation micro-batches.",              # no count: nothing to check
+])
+def test_a_right_count_or_one_without_a_dp_beside_it_is_not(tail: str) -> None:
+    assert accumulation_errors(parse_answer(SHAPE + tail).units) == []
+
+
+def test_two_global_batch_sizes_leave_the_count_unjudged() -> None:
+    text = SHAPE + "At GBS 128 instead, DP 1 means 32 accumulation steps."
+    assert accumulation_errors(parse_answer(text).units) == []

@@ -14,12 +14,12 @@ from mbridge_perf.evals.answer import Answer
 from mbridge_perf.evals.claims import (
     arithmetic_errors,
     find_misconceptions,
-    formula_errors,
     misconceptions,
 )
 from mbridge_perf.evals.configs import config_errors
 from mbridge_perf.evals.jsonpath import PathError, query
 from mbridge_perf.evals.keys import invented_keys
+from mbridge_perf.evals.layout import accumulation_errors, formula_errors
 from mbridge_perf.evals.matching import mentioned, recommended
 from mbridge_perf.evals.text import Match, Unit, clip, find, is_question
 from mbridge_perf.evals.units import unit_errors
@@ -344,6 +344,7 @@ def no_misconceptions(a: Answer, card: dict[str, Any] | None, terms: list[str], 
                                            omissions=omissions and not cut, whole=not cut)
     found += arithmetic_errors(units)
     found += formula_errors(units)
+    found += accumulation_errors(units)
     found += unit_errors(units)
     found += config_errors(units, a.json_blocks)
     text = "asserts none of the skill's misconceptions and no wrong arithmetic"

@@ -311,14 +311,13 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
             if fm and fm.group(1) == fence[:3]:
                 _close_fence(fence, code, blocks, units, add, st.get("review", False))
                 fence, code = None, []
-                st.setdefault("opening", len(units) if st["at_open"] == 0 else 0)
             else:
                 code.append(line)
             continue
         if fm:
             flush()
             fence = fm.group(1) + fm.group(2).lower()
-            st["review"], st["at_open"] = under_review(units), len(units)
+            st["review"] = under_review(units)
             continue
         if _QUOTED_SETTING.match(line):
             flush()
@@ -346,7 +345,7 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
     flush()
     if fence is not None:
         _close_fence(fence, code, blocks, units, add, st.get("review", False))
-    return _reviewed_opening(units, st.get("opening", 0)), blocks
+    return _reviewed_opening(units, text), blocks
 
 
 def _track_parent(line: str, st: dict[str, Any]) -> None:
@@ -410,10 +409,13 @@ _REVIEW_VERDICT = re.compile(r"^\W{0,6}(?:review\w*|comment\w*|blocking|requesti
                              re.IGNORECASE)
 
 
-def _reviewed_opening(units: list[Unit], n: int) -> list[Unit]:
-    """The ``n`` units of the block an answer opens with, quoted when a review verdict follows
-    it: the diff under review, not the answer's advice."""
-    if 0 < n < len(units) and _REVIEW_VERDICT.match(units[n].text):
+def _reviewed_opening(units: list[Unit], text: str) -> list[Unit]:
+    """The lines of the block an answer opens with, quoted when a review verdict follows the
+    block: the diff under review, not the answer's advice."""
+    if not units or not _FENCE.match(text.lstrip().split("\n", 1)[0]):
+        return units
+    n = next((i for i, u in enumerate(units) if u.block != units[0].block), 0)
+    if n and _REVIEW_VERDICT.match(units[n].text):
         return [replace(u, quoted=True) for u in units[:n]] + units[n:]
     return units
 

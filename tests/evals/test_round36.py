@@ -188,3 +188,20 @@ def test_a_right_count_or_one_without_a_dp_beside_it_is_not(tail: str) -> None:
 def test_two_global_batch_sizes_leave_the_count_unjudged() -> None:
     text = SHAPE + "At GBS 128 instead, DP 1 means 32 accumulation steps."
     assert accumulation_errors(parse_answer(text).units) == []
+
+
+MEMORY = "nemo-mbridge-perf-memory-tuning"
+MLP_STEP = ("4. If it still does not fit, add `mlp` to `recompute_modules`. "
+            "That saves about 3 GB for roughly {cost} throughput, a cheap last step.")
+
+
+def test_a_figure_in_the_sentence_that_points_back_at_its_subject_is_judged() -> None:
+    assert "mlp-cost-understated" in _claims(MEMORY, MLP_STEP.format(cost="1-2 %"))
+
+
+@pytest.mark.parametrize("text", [
+    MLP_STEP.format(cost="16 %"),
+    MLP_STEP.replace("That saves", "\n\nThe allocator fix saves").format(cost="2 %"),
+])
+def test_the_measured_figure_or_another_subject_is_not(text: str) -> None:
+    assert "mlp-cost-understated" not in _claims(MEMORY, text)

@@ -316,8 +316,10 @@ _ANAPHOR = re.compile(r"\b(?:it|its|them|they|this|that|these|those)\b")
 def _across(m: Misconception, units: list[Unit]) -> Unit | None:
     """A claim whose subject stands in one sentence and whose predicate in the next sentence of
     the same paragraph, which refers back to it; the two read as one unit (quoted together)."""
-    if m.kind != "claim" or len(m.match) < 2 or m.number is not None:
+    if m.kind != "claim" or len(m.match) < 2:
         return None
+    if m.number is not None:
+        return _figure_across(m, units)
     for u, v in pairwise(units):
         if (u.block < 0 or v.block != u.block or u.negated_section or u.quoted
                 or is_question(u) or is_question(v)):
@@ -336,6 +338,24 @@ def _across(m: Misconception, units: list[Unit]) -> Unit | None:
         if last is not None and not is_negated(v, last.start(), last.end()):
             return Unit(f"{clip(u.text, 120)} {clip(v.text, 150)}", both, u.index, u.late,
                         u.negated_section, block=u.block)
+    return None
+
+
+# A sentence that opens by pointing back ("That saves about 3 GB for 2 %.", "It costs ...").
+_BACK = re.compile(r"^(?:that|this|it|these|they)\b")
+
+
+def _figure_across(m: Misconception, units: list[Unit]) -> Unit | None:
+    """A figure claim whose subject ends one sentence of a paragraph and whose figure opens the
+    next by pointing back ("... add mlp. That costs about 2 %."): judged on the two as one."""
+    for u, v in pairwise(units):
+        if u.block < 0 or v.block != u.block or not _BACK.match(v.norm):
+            continue
+        both = Unit(f"{clip(u.text, 120)} {clip(v.text, 150)}", f"{u.norm} {v.norm}", u.index,
+                    u.late, u.negated_section, block=u.block, quoted=u.quoted or v.quoted)
+        hit = m.match[0].search(both.norm)
+        if hit and hit.end() > len(u.norm) and _asserted_in(m, both):
+            return both
     return None
 
 

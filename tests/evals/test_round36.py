@@ -205,3 +205,12 @@ def test_a_figure_in_the_sentence_that_points_back_at_its_subject_is_judged() ->
 ])
 def test_the_measured_figure_or_another_subject_is_not(text: str) -> None:
     assert "mlp-cost-understated" not in _claims(MEMORY, text)
+
+
+def test_an_env_key_in_a_json_change_map_is_read_as_its_setting() -> None:
+    text = ('```json\n{"steps": [{"step": 1, "change": '
+            '{"env.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}]}\n```')
+    units = parse_answer(text).units
+    assert any("expandable_segments" in u.norm for u in units)
+    lower = text.replace("env.PYTORCH_CUDA_ALLOC_CONF", "env.Pytorch alloc")
+    assert not any("expandable_segments" in u.norm for u in parse_answer(lower).units)

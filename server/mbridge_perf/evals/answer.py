@@ -241,7 +241,8 @@ def _json_prose(data: Any, depth: int = 0) -> list[str]:
 
 
 # A JSON key that is a config path ("model.cuda_graph_modules", "optimizer.optimizer_cpu_offload").
-_CONFIG_PATH = re.compile(r"^[a-z_]{1,30}\.[a-z_][a-z0-9_]{1,60}$")
+# "env.PYTORCH_CUDA_ALLOC_CONF": the job environment, as the validator names it
+_CONFIG_PATH = re.compile(r"^(?:[a-z_]{1,30}\.[a-z_][a-z0-9_]{1,60}|env\.[A-Z][A-Z0-9_]{1,60})$")
 
 
 def _scalar(value: Any) -> str:

@@ -214,3 +214,11 @@ def test_an_env_key_in_a_json_change_map_is_read_as_its_setting() -> None:
     assert any("expandable_segments" in u.norm for u in units)
     lower = text.replace("env.PYTORCH_CUDA_ALLOC_CONF", "env.Pytorch alloc")
     assert not any("expandable_segments" in u.norm for u in parse_answer(lower).units)
+
+
+def test_a_failure_set_aside_by_rather_than_does_not_negate_the_claim() -> None:
+    text = ('Keep recompute_granularity="full" under the TE graphs: the full-recompute '
+            'combination mostly costs some of the graph gain rather than failing.')
+    assert "full-recompute-runs-under-te-graphs" in _claims(WORKFLOW, text)
+    refused = text.replace("rather than failing", "and it fails at startup")
+    assert "full-recompute-runs-under-te-graphs" not in _claims(WORKFLOW, refused)

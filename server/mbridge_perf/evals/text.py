@@ -407,7 +407,9 @@ def is_negated(unit: Unit, start: int, end: int) -> bool:
     limit = min(hi, end + _SUFFIX_REACH)
     k = bisect_left(sc.suffix_starts, end)
     while k < len(sc.suffix) and sc.suffix[k][1] <= limit:
-        if not _own_subject(s, end, sc.suffix[k][0]):
+        cue = sc.suffix[k][0]
+        # "X costs some gain rather than failing": the failure is the alternative set aside
+        if not _own_subject(s, end, cue) and not s[:cue].rstrip().endswith(_SUBSTITUTE):
             return True
         k += 1
     return False

@@ -238,6 +238,30 @@ def test_the_agreement_split_is_fixed_and_balanced() -> None:
     assert halves == mod.split(mod.DEFAULT_DATA)
 
 
+def test_both_halves_and_our_own_answers_agree_with_their_labels() -> None:
+    """Issue 22's done-when figure, kept from sliding: every answer of both evals-dev halves
+    and every answer of our own is graded as labelled (where ../shared/data is checked out)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "grader_agreement", REPO / "benchmarks" / "grader_agreement.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if not mod.DEFAULT_DATA.is_dir():
+        pytest.skip("no ../shared/data/evals-dev here")
+    halves = mod.split(mod.DEFAULT_DATA)
+    files = [*halves["dev"], *halves["measured"], *sorted(mod.OWN_DATA.glob("*/*.md"))]
+    wrong = []
+    for f in files:
+        meta, body = mod._meta(f)
+        skill = mod.PREFIX + f.parent.name.removeprefix(mod.PREFIX)
+        graded = grade_skill(get_skill(REPO, skill).card, parse_answer(body), skill).passed
+        if graded != (meta.get("label") == "good"):
+            wrong.append(f.name)
+    assert len(files) == 48 + 66 and not wrong, wrong
+
+
 # ---- capabilities added after the first measurement of the measured half (issue 22): each
 # found missing by looking at which measured answers were misjudged, fixed in general and
 # tested here with our own phrasing (see benchmarks/grader_agreement.py's disclosure).

@@ -1,6 +1,6 @@
 """Round 36: structure other people's answers use - a block the answer reviews, a blockquoted
-command, a Japanese prohibition, the model an answer is about - each with the near miss that
-must still be caught."""
+command, a Japanese prohibition, layout arithmetic stated with the answer's own sizes - each
+with the near miss that must still be caught."""
 
 from __future__ import annotations
 
@@ -8,10 +8,8 @@ import pytest
 
 from mbridge_perf.evals.answer import parse_answer
 from mbridge_perf.evals.claims import find_misconceptions
-from mbridge_perf.evals.configs import config_errors
 from mbridge_perf.evals.grade import grade_skill
 from mbridge_perf.evals.layout import accumulation_errors, formula_errors
-from mbridge_perf.evals.models import model_fields, named_model
 from mbridge_perf.skillpack.pack import get_skill
 
 from helpers import REPO
@@ -23,11 +21,6 @@ WORKFLOW = "nemo-mbridge-perf-moe-optimization-workflow"
 def _claims(skill: str, text: str) -> list[str]:
     card = get_skill(REPO, skill).card
     return [f.misconception.id for f in find_misconceptions(card, parse_answer(text).units)]
-
-
-def _rules(text: str) -> list[str]:
-    a = parse_answer(text)
-    return [f.rule_id for f in config_errors(a.units, a.json_blocks)]
 
 
 def test_a_japanese_prohibition_is_not_the_claim_it_forbids() -> None:
@@ -76,47 +69,6 @@ def test_a_block_under_a_review_lead_is_the_state_reviewed() -> None:
 def test_the_same_block_offered_as_the_fix_is_advice() -> None:
     assert not _passes_keys(REVIEWED.replace("Requesting changes on your recompute list:",
                                              "Set this:"))
-
-
-QWEN_MLA = """For the Qwen3 235B run at 128K, the labels I would pick (the up-projection saving was
-30.4 GB per GPU, published for DeepSeek-V3):
-
-```python
-cfg.model.recompute_granularity = "selective"
-cfg.model.recompute_modules = ["moe_act", "mla_up_proj"]
-```"""
-
-
-def test_the_named_models_architecture_refuses_an_mla_label() -> None:
-    assert named_model(parse_answer(QWEN_MLA).units) == "qwen3-235b-a22b"
-    assert _rules(QWEN_MLA) == ["recompute.mla-up-proj-needs-mla"]
-
-
-def test_the_same_labels_on_an_mla_model_are_accepted() -> None:
-    assert _rules(QWEN_MLA.replace("Qwen3 235B", "DeepSeek-V3")) == []
-
-
-@pytest.mark.parametrize("text", [
-    "Costs ≈ 16 % on Llama3 70B, so keep mlp last.",
-    "The mlp saving (3 GB on Llama3 70B) does not transfer.",
-    "The numbers from Llama3 70B say mlp is costly.",
-])
-def test_a_model_cited_as_the_source_of_a_figure_is_not_the_model_at_hand(text: str) -> None:
-    assert named_model(parse_answer(text).units) is None
-
-
-def test_one_setting_without_a_named_model_is_not_judged() -> None:
-    """Without a named model the architecture is unknown, so MLA is not judged."""
-    assert _rules(QWEN_MLA.replace("For the Qwen3 235B run", "For this run")) == []
-
-
-def test_naming_a_model_states_its_architecture_but_not_its_layer_count() -> None:
-    fields, stated = model_fields("deepseek-v3")
-    assert fields["model.num_layers"] == 61 and "model.num_layers" not in stated
-    assert fields["model.multi_latent_attention"] is True
-    assert {"model.multi_latent_attention", "model.num_moe_experts"} <= stated
-    dense, _ = model_fields("llama3-70b")
-    assert dense["model.multi_latent_attention"] is False and dense["model.num_moe_experts"] is None
 
 
 LONG = "nemo-mbridge-perf-moe-long-context"

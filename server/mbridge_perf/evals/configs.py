@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from mbridge_perf.evals.keys import allowlist
-from mbridge_perf.evals.models import model_fields, named_model
 from mbridge_perf.evals.text import Unit, clip, is_recommended
 
 MAX_SETTINGS = 64
@@ -171,19 +170,17 @@ def _resolved(at: int, alts: list[Settings], base: dict[int, int]) -> Settings:
 
 def config_errors(units: list[Unit], blocks: list[Any] | None = None,
                   limit: int = 3) -> list[ConfigFinding]:
-    """Validator errors on a combination of settings the answer wrote (at least two, or one
-    with the architecture of the model it names): in its code lines and its JSON (each list
-    item of a JSON sweep judged with the shared settings)."""
+    """Validator errors on a combination of at least two settings the answer wrote: in its code
+    lines and its JSON (each list item of a JSON sweep judged with the shared settings)."""
     code = settings(units)
     where = units[0] if units else Unit(text="(the answer's JSON)", norm="", index=0)
-    model = named_model(units)
-    configs = [code] if len(code) >= (1 if model else 2) else []
+    configs = [code] if len(code) >= 2 else []
     for data in (blocks or [])[:4]:
         shared, alts = _json_groups(data, where)
         configs += [{**code, **shared, **alt} for alt in alts or [{}]]
     out: list[ConfigFinding] = []
     for got in configs[:MAX_CONFIGS]:
-        for f in _validated(got, model):
+        for f in _validated(got):
             if f.rule_id not in {o.rule_id for o in out}:
                 out.append(f)
         if len(out) >= limit:
@@ -203,42 +200,30 @@ def _typed(cfg: Any, key: str, value: Any) -> Any:
     return cfg
 
 
-def _base(got: Settings, model: str | None) -> tuple[Any, frozenset[str]]:
-    """The config the answer's settings go on: BF16 mixed precision with the named model's
-    architecture (its fields count as stated), or a generic MoE when MoE knobs are set."""
-    from mbridge_perf.advise.changes import apply_changes
-    from mbridge_perf.config.load import load_config
-
-    cfg = load_config(data={"mixed_precision": {"bf16": True, "fp8": None}})
-    arch, stated = model_fields(model) if model else ({}, frozenset())
-    if not arch and any("moe" in k or "expert" in k for k in got):
-        cfg = apply_changes(cfg, _MOE_BASE)
-    return (apply_changes(cfg, arch) if arch else cfg), stated
-
-
-def _validated(got: Settings, model: str | None = None) -> list[ConfigFinding]:
+def _validated(got: Settings) -> list[ConfigFinding]:
     """The errors of one config the answer states (see the module docstring)."""
     from mbridge_perf.advise.changes import apply_changes
     from mbridge_perf.config.errors import ConfigError
+    from mbridge_perf.config.load import load_config
     from mbridge_perf.rules.validate import validate
 
     got = dict(got)
-    cfg, arch = _base(got, model)
-    if len(got) + bool(arch) < 2:
+    if len(got) < 2:
         return []
+    cfg = load_config(data={"mixed_precision": {"bf16": True, "fp8": None}})
+    if any("moe" in k or "expert" in k for k in got):
+        cfg = apply_changes(cfg, _MOE_BASE)
     for key, (value, _) in list(got.items()):
         try:
             cfg = _typed(apply_changes(cfg, {key: value}), key, value)
         except (ConfigError, ValueError, TypeError, AttributeError):
             del got[key]  # not applied: not judged either
     out: list[ConfigFinding] = []
-    stated = {k for k in arch if k not in got} | set(got)
-    names = {k.rsplit(".", 1)[-1] for k in stated}
+    names = {k.rsplit(".", 1)[-1] for k in got}
     for f in validate(cfg).findings:
         mine = [k for k in f.fields if k in got]
-        # every value the message names ("X=True with Y=1") is one the answer stated
+        # every value the message names ("X=True with Y=1") is one the answer wrote
         named = set(_NAMED.findall(f.message))
-        if (f.severity == "error" and mine and len([k for k in f.fields if k in stated]) >= 2
-                and named <= names):
+        if f.severity == "error" and len(mine) >= 2 and named <= names:
             out.append(ConfigFinding(f.rule_id, f.message, got[mine[-1]][1]))
     return out

@@ -157,6 +157,22 @@ failed, and one bad answer the old grader failed only for reading our tool name
 'validate_config:' as an invented key now passes). The developed batches moved much more
 (806 -> 846 of 920 answers): the readings added were mostly phrasings those batches showed,
 and on unseen answers they barely transfer.
+Stop 33 kept heldout31-36 unread and had twelve more batches written (heldout37-48; same prompt,
+writers replying only "done"). All were graded once at the start-of-stop grader 6af0333:
+heldout37-39 read 27, 25, 25 of 32 and were developed on (now 31, 29, 29); heldout40-48 were kept
+unread with heldout31-36 for one final measurement. Kept set (heldout31-36 and 40-48, 480
+answers): 370/480 (77.1 %; good answers passing 195/240, bad answers failing 175/240) at
+6af0333; 373/480 at 8265681, the end of the stop's work. Its nine moved verdicts were attributed
+by check name only (no answer text read): the measurement-contract omission, which now accepts
+the contract stated in substance, passes four good answers and two bad ones it had failed only
+for that omission; the widened Blackwell graph-register and dispatcher-by-hardware claims fail
+one bad answer each; a reading of the model an answer names (a preset's architecture) failed one
+good answer with recompute.mla-up-proj-needs-mla. The same reading had just failed evals-dev's
+good memory-tuning/07 (a model cited as a reference point), so it was removed, with the contract
+pattern's "one variable at a time" (its own checklist item; it passed evals-dev's bad
+no-measurement-contract); the kept set then read 374/480 (77.9 %; 199/240 and 175/240) at
+30b046f - a second grade, after a change the first grade's attribution had also pointed at. The
+old developed folders (920 answers) read 849 (846 at the start); heldout37-39 77 -> 89 of 96.
 """
 
 from __future__ import annotations
@@ -208,12 +224,30 @@ BLIND = {"heldout": "blind batch 1 (measured once at 19/24, developed on since)"
          "heldout28": "blind batch 28 (measured once at 18/32, developed on since)",
          "heldout29": "blind batch 29 (measured once at 21/32, developed on since)",
          "heldout30": "blind batch 30 (measured once at 23/32, developed on since)",
-         "heldout31": "blind batch 31 (measured at 25/32 and, end of stop 32, 26/32; unread)",
-         "heldout32": "blind batch 32 (measured at 22/32 and, end of stop 32, 21/32; unread)",
-         "heldout33": "blind batch 33 (measured at 26/32 and, end of stop 32, 26/32; unread)",
-         "heldout34": "blind batch 34 (measured at 25/32 and, end of stop 32, 25/32; unread)",
-         "heldout35": "blind batch 35 (measured at 23/32 and, end of stop 32, 23/32; unread)",
-         "heldout36": "blind batch 36 (measured at 21/32 and, end of stop 32, 22/32; unread)"}
+         "heldout31": ("blind batch 31 (measured at 25/32, end of stop 32 26/32, end of stop 33 "
+                       "26/32; unread)"),
+         "heldout32": ("blind batch 32 (measured at 22/32, end of stop 32 21/32, end of stop 33 "
+                       "21/32; unread)"),
+         "heldout33": ("blind batch 33 (measured at 26/32, end of stop 32 26/32, end of stop 33 "
+                       "25/32; unread)"),
+         "heldout34": ("blind batch 34 (measured at 25/32, end of stop 32 25/32, end of stop 33 "
+                       "25/32; unread)"),
+         "heldout35": ("blind batch 35 (measured at 23/32, end of stop 32 23/32, end of stop 33 "
+                       "24/32; unread)"),
+         "heldout36": ("blind batch 36 (measured at 21/32, end of stop 32 22/32, end of stop 33 "
+                       "22/32; unread)"),
+         "heldout37": "blind batch 37 (measured once at 27/32, developed on in stop 33)",
+         "heldout38": "blind batch 38 (measured once at 25/32, developed on in stop 33)",
+         "heldout39": "blind batch 39 (measured once at 25/32, developed on in stop 33)",
+         "heldout40": "blind batch 40 (measured at 25/32, end of stop 33 26/32; unread)",
+         "heldout41": "blind batch 41 (measured at 25/32, end of stop 33 25/32; unread)",
+         "heldout42": "blind batch 42 (measured at 23/32, end of stop 33 23/32; unread)",
+         "heldout43": "blind batch 43 (measured at 26/32, end of stop 33 26/32; unread)",
+         "heldout44": "blind batch 44 (measured at 27/32, end of stop 33 27/32; unread)",
+         "heldout45": "blind batch 45 (measured at 28/32, end of stop 33 28/32; unread)",
+         "heldout46": "blind batch 46 (measured at 24/32, end of stop 33 25/32; unread)",
+         "heldout47": "blind batch 47 (measured at 24/32, end of stop 33 25/32; unread)",
+         "heldout48": "blind batch 48 (measured at 25/32, end of stop 33 26/32; unread)"}
 PREFIX = "nemo-mbridge-perf-"
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 

@@ -222,7 +222,8 @@ def test_misconception_patterns_stay_bounded() -> None:
                 assert not unbounded.search(rx), (skill, m["id"], rx)
 
 
-def test_the_agreement_split_is_fixed_and_balanced() -> None:
+def _agreement() -> Any:
+    """benchmarks/grader_agreement.py as a module; the test skips without ../shared/data."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -232,6 +233,11 @@ def test_the_agreement_split_is_fixed_and_balanced() -> None:
     spec.loader.exec_module(mod)
     if not mod.DEFAULT_DATA.is_dir():
         pytest.skip("no ../shared/data/evals-dev here")
+    return mod
+
+
+def test_the_agreement_split_is_fixed_and_balanced() -> None:
+    mod = _agreement()
     halves = mod.split(mod.DEFAULT_DATA)
     assert len(halves["dev"]) == len(halves["measured"]) == 24
     assert not set(halves["dev"]) & set(halves["measured"])
@@ -241,15 +247,7 @@ def test_the_agreement_split_is_fixed_and_balanced() -> None:
 def test_both_halves_and_our_own_answers_agree_with_their_labels() -> None:
     """Issue 22's done-when figure, kept from sliding: every answer of both evals-dev halves
     and every answer of our own is graded as labelled (where ../shared/data is checked out)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "grader_agreement", REPO / "benchmarks" / "grader_agreement.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    if not mod.DEFAULT_DATA.is_dir():
-        pytest.skip("no ../shared/data/evals-dev here")
+    mod = _agreement()
     halves = mod.split(mod.DEFAULT_DATA)
     files = [*halves["dev"], *halves["measured"], *sorted(mod.OWN_DATA.glob("*/*.md"))]
     wrong = []

@@ -174,3 +174,27 @@ def test_a_failure_set_aside_by_rather_than_does_not_negate_the_claim() -> None:
     assert "full-recompute-runs-under-te-graphs" in _claims(WORKFLOW, text)
     refused = text.replace("rather than failing", "and it fails at startup")
     assert "full-recompute-runs-under-te-graphs" not in _claims(WORKFLOW, refused)
+
+
+def test_a_japanese_becomes_unusable_negates_the_combination() -> None:
+    text = ("将来 FP8 の delayed scaling に切り替える場合、"
+            "moe_act と layernorm の再計算は使えなくなります。")
+    assert "delayed-fp8-with-recompute" not in _claims(RECOMPUTE, text)
+    assert "delayed-fp8-with-recompute" in _claims(
+        RECOMPUTE, "FP8 の delayed scaling でも moe_act と layernorm の再計算は使えます。")
+
+
+def test_japanese_try_x_before_adding_modules_puts_x_first() -> None:
+    from mbridge_perf.evals.checks import checklist
+
+    items = get_skill(REPO, RECOMPUTE).card["answer_checklist"]
+    text = ("moe_act の再計算を使います。コストは低めです。\n\n"
+            "境界ぎりぎりの OOM であれば、モジュールを追加する前に "
+            "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` を試してください。")
+    got = [e for e in checklist(parse_answer(text), items, lenient_order=True)
+           if e.check == "checklist.order"]
+    assert got and got[0].passed, got
+    late = text.replace("モジュールを追加する前に ", "")
+    got = [e for e in checklist(parse_answer(late), items, lenient_order=True)
+           if e.check == "checklist.order"]
+    assert got and not got[0].passed, got

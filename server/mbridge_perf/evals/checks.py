@@ -138,6 +138,8 @@ _PUT_FIRST = re.compile(
     r"|\b(?:make sure|ensure)\b[^.;]{1,80}\b(?:is|are) (?:set|exported|in place|on) first\b"
     # Japanese: "先に X を試す / 設定する" (X before the rest), "何よりも先に", "まず最初に"
     r"|先に[^。;]{1,80}?(?:試|設定|入れ|適用|有効|export)|何よりも先に|まず最初に"
+    # "モジュールを追加する前に X を試してください" (try X before adding modules)
+    r"|(?:する|追加する|変える|触る|入れる)前に[^。;]{1,80}?(?:試|設定|適用|有効|export)"
     # a step that opens with "その前に" (before that) is placed ahead of the steps above it
     r"|(?:^(?:\d+[.)] ?)?|。 ?)その前に")
 

@@ -167,6 +167,8 @@ _SUFFIX = re.compile(
     r"|[てで]はいけ(?:ない|ません)|[てで]はなりません|べきで(?:は)?(?:ない|ありません)|ないでください"
     # "ログに X の警告が出ていないこと" (X's warning does not appear): a check, not advice
     r"|出(?:てい)?(?:ない|ません)"
+    # "X は使えなくなります" (X stops working): the verdict of a change
+    r"|(?:使え|でき|効か)なくな"
     # "X ではない", "X とは限りません" (not necessarily X), "X わけではない"
     r"|ではない|ではありません|じゃない|とは限(?:らない|らず|りません)|わけではな|わけではありません"
     # "cpu_offloading raises a ValueError": refused at startup

@@ -173,6 +173,10 @@ pattern's "one variable at a time" (its own checklist item; it passed evals-dev'
 no-measurement-contract); the kept set then read 374/480 (77.9 %; 199/240 and 175/240) at
 30b046f - a second grade, after a change the first grade's attribution had also pointed at. The
 old developed folders (920 answers) read 849 (846 at the start); heldout37-39 77 -> 89 of 96.
+Four more batches, heldout49-52, were written after that work and graded only by commit: 98/128
+(76.6 %) at 6af0333, 100/128 (78.1 %; good answers passing 50/64, bad answers failing 50/64) at
+2dbe957 and at 79fc099 (two Japanese readings later, which leave the 480 at 374): the stop's work
+moves a set nobody looked at by two answers in 128.
 """
 
 from __future__ import annotations
@@ -247,7 +251,11 @@ BLIND = {"heldout": "blind batch 1 (measured once at 19/24, developed on since)"
          "heldout45": "blind batch 45 (measured at 28/32, end of stop 33 28/32; unread)",
          "heldout46": "blind batch 46 (measured at 24/32, end of stop 33 25/32; unread)",
          "heldout47": "blind batch 47 (measured at 24/32, end of stop 33 25/32; unread)",
-         "heldout48": "blind batch 48 (measured at 25/32, end of stop 33 26/32; unread)"}
+         "heldout48": "blind batch 48 (measured at 25/32, end of stop 33 26/32; unread)",
+         "heldout49": "blind batch 49 (6af0333 23/32, end of stop 33 23/32; unread)",
+         "heldout50": "blind batch 50 (6af0333 28/32, end of stop 33 29/32; unread)",
+         "heldout51": "blind batch 51 (6af0333 26/32, end of stop 33 26/32; unread)",
+         "heldout52": "blind batch 52 (6af0333 21/32, end of stop 33 22/32; unread)"}
 PREFIX = "nemo-mbridge-perf-"
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 

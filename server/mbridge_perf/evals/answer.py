@@ -396,7 +396,7 @@ _ERROR_LINE = re.compile(r"^\s*(?:[A-Za-z.]{0,40}(?:error|exception)\b|usage:|tr
 
 
 # The lead-in of a block the answer reviews ("Requesting changes on `recompute_modules`:",
-# "Your diff:", "The config as posted:"); an answer that opens with a block reviews it too.
+# "Your diff:", "The config as posted:"); for a block the answer opens with, see _REVIEW_VERDICT.
 _REVIEW_LEAD = re.compile(r"(?:requesting changes|changes requested|\byour (?:diff|config|change|"
                           r"patch|pr|yaml|script|snippet|block|code)\b|as (?:posted|written|"
                           r"submitted|proposed)|you (?:posted|wrote|pasted|sent|proposed)\b)"

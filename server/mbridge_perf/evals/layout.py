@@ -118,11 +118,11 @@ def accumulation_errors(units: list[Unit], limit: int = 2) -> list[Arithmetic]:
         if u.quoted:
             continue
         for m in _ACCUM.finditer(u.norm):
-            near = u.norm[max(0, m.start() - _REACH):m.start()]
-            dps = _DP_IS.findall(near) or _DP_IS.findall(u.norm[m.end():m.end() + _REACH])
-            if not dps:
+            before = _DP_IS.findall(u.norm[max(0, m.start() - _REACH):m.start()])
+            after = _DP_IS.findall(u.norm[m.end():m.end() + _REACH])
+            if not before and not after:
                 continue
-            dp = int(dps[-1] if _DP_IS.findall(near) else dps[0])
+            dp = int(before[-1] if before else after[0])  # the DP nearest the count
             actual = gbs / (mbs * dp) if dp else 0
             if actual and not math.isclose(actual, int(m.group(1)), rel_tol=0.02):
                 out.append(Arithmetic(f"GBS / (MBS·DP) = {gbs} / ({mbs}·{dp})",

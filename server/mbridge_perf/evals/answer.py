@@ -413,7 +413,7 @@ _REVIEW_VERDICT = re.compile(r"^\W{0,6}(?:review\w*|comment\w*|blocking|requesti
 def _reviewed_opening(units: list[Unit], text: str) -> list[Unit]:
     """The lines of the block an answer opens with, quoted when a review verdict follows the
     block: the diff under review, not the answer's advice."""
-    if not units or not _FENCE.match(text.lstrip().split("\n", 1)[0]):
+    if not units or not _FENCE.match(text):  # its \s* passes blank lines: no copy of the text
         return units
     n = next((i for i, u in enumerate(units) if u.block != units[0].block), 0)
     if n and _REVIEW_VERDICT.match(units[n].text):

@@ -336,9 +336,14 @@ def _across(m: Misconception, units: list[Unit]) -> Unit | None:
             continue
         last = rest[-1]
         if last is not None and not is_negated(v, last.start(), last.end()):
-            return Unit(f"{clip(u.text, 120)} {clip(v.text, 150)}", both, u.index, u.late,
-                        u.negated_section, block=u.block)
+            return _joined(u, v)
     return None
+
+
+def _joined(u: Unit, v: Unit) -> Unit:
+    """Two sentences of one paragraph read (and quoted) as one unit."""
+    return Unit(f"{clip(u.text, 120)} {clip(v.text, 150)}", f"{u.norm} {v.norm}", u.index,
+                u.late, u.negated_section, block=u.block)
 
 
 # A sentence that opens by pointing back ("That saves about 3 GB for 2 %.", "It costs ...").
@@ -349,10 +354,10 @@ def _figure_across(m: Misconception, units: list[Unit]) -> Unit | None:
     """A figure claim whose subject ends one sentence of a paragraph and whose figure opens the
     next by pointing back ("... add mlp. That costs about 2 %."): judged on the two as one."""
     for u, v in pairwise(units):
-        if u.block < 0 or v.block != u.block or not _BACK.match(v.norm):
+        if (u.block < 0 or v.block != u.block or u.quoted or v.quoted
+                or not _BACK.match(v.norm)):
             continue
-        both = Unit(f"{clip(u.text, 120)} {clip(v.text, 150)}", f"{u.norm} {v.norm}", u.index,
-                    u.late, u.negated_section, block=u.block, quoted=u.quoted or v.quoted)
+        both = _joined(u, v)
         hit = m.match[0].search(both.norm)
         if hit and hit.end() > len(u.norm) and _asserted_in(m, both):
             return both

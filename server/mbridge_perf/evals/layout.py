@@ -87,7 +87,6 @@ def formula_errors(units: list[Unit], limit: int = 4) -> list[FormulaError]:
                 if len(out) >= limit:
                     return out
     return out
-    return out
 
 
 # "GBS 32", "global_batch_size=512", "MBS 1", "micro_batch_size: 2" (normalised text)

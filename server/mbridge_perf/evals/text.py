@@ -411,7 +411,8 @@ def is_negated(unit: Unit, start: int, end: int) -> bool:
     while k < len(sc.suffix) and sc.suffix[k][1] <= limit:
         cue = sc.suffix[k][0]
         # "X costs some gain rather than failing": the failure is the alternative set aside
-        if not _own_subject(s, end, cue) and not s[:cue].rstrip().endswith(_SUBSTITUTE):
+        if (not _own_subject(s, end, cue)
+                and not s[max(0, cue - 32):cue].rstrip().endswith(_SUBSTITUTE)):
             return True
         k += 1
     return False

@@ -29,7 +29,8 @@ def test_a_frozen_baseline_counts_as_the_measurement_contract() -> None:
     text = ("Treat today's run as the frozen baseline (same image, data order, layout and "
             "precision); then A/B one change at a time against it.")
     assert "no-measurement-contract" not in found(WORKFLOW, text)
-    assert "no-measurement-contract" in found(WORKFLOW, "Change the dispatcher and re-run.")
+    assert "no-measurement-contract" in found(WORKFLOW, "Next steps: change the dispatcher and "
+                                                        "re-run.")
 
 
 @pytest.mark.parametrize("skill", [MEMORY, RECOMPUTE, LONG])

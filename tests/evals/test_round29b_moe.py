@@ -59,9 +59,9 @@ def test_summed_kernel_time_set_unequal_to_wall_time_is_a_rejection() -> None:
 
 def test_conditions_held_fixed_in_japanese_state_the_contract() -> None:
     assert "no-measurement-contract" not in found(
-        WORKFLOW, "比較はマッチさせた 2 つの実行で行い、コンテナとレイアウトは固定します。")
+        WORKFLOW, "計画: 比較はマッチさせた 2 つの実行で行い、コンテナとレイアウトは固定します。")
     assert "no-measurement-contract" in found(
-        WORKFLOW, "DeepEP に切り替えて TFLOP/s を比べてください。")
+        WORKFLOW, "計画: DeepEP に切り替えて TFLOP/s を比べてください。")
 
 
 # ---------------------------------------------------------------- moe graph module, dropless

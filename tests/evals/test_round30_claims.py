@@ -116,8 +116,8 @@ def test_a_passing_mention_of_drop_and_pad_does_not_license_the_moe_graph() -> N
 
 
 def test_one_flag_differing_is_the_contract_in_substance() -> None:
-    text = ("Judge it on the unprofiled step time over iterations 41-50, and make sure only "
-            "the overlap flag differs between the two runs.\n")
+    text = ("Next step: judge it on the unprofiled step time over iterations 41-50, and make "
+            "sure only the overlap flag differs between the two runs.\n")
     assert "no-measurement-contract" not in found(WORKFLOW, text)
-    assert "no-measurement-contract" in found(WORKFLOW, "Judge it on the unprofiled step "
-                                                        "time over iterations 41-50.\n")
+    assert "no-measurement-contract" in found(WORKFLOW, "Next step: judge it on the unprofiled "
+                                                        "step time over iterations 41-50.\n")

@@ -48,7 +48,10 @@ _OUTPUT_FENCES = frozenset({"", "text", "txt", "log", "console", "output", "plai
 # A blockquoted config line ("> `recompute_modules: [up_proj, moe_act]`"): a review quoting
 # the user's diff or a log, not the answer's own setting.
 _QUOTED_SETTING = re.compile(r"^\s*>\s?(?:`?[A-Za-z]\w{0,40}[_.][\w.\[\]-]{0,80} ?[:=] ?\S"
-                             r"|`[-+#]?\s{0,4}-{0,2}[A-Za-z])")
+                             r"|`[-+#]?\s{0,4}-{0,2}[A-Za-z]"
+                             r"|(?!\s*(?:\*\*)?(?:\[!|note|tip|warning|important|caution|tl;?dr|rule|"
+                             r"summary|answer|short answer|bottom line|recommendation)\b)\s*\S)",
+                             re.IGNORECASE)
 _COMMAND_LINE = re.compile(r"=|^\s*(?:[$>#-]|export\b|python|torchrun|srun|sbatch|bash\b|"
                            r"nsys\b|grep\b|uv\b|pip\b)")
 
@@ -79,6 +82,8 @@ class Answer:
     units: list[Unit]
     json_blocks: list[Any] = field(default_factory=list)
     tool_calls: list[str] | None = None
+    # the mappings of the YAML config blocks the answer writes (its advice, not a state shown)
+    yaml_configs: list[Any] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -137,9 +142,10 @@ def parse_answer(text: str, tool_calls: list[str] | None = None) -> Answer:
                                   and all(isinstance(c, str) for c in calls)):
         raise AnswerError("front matter tool_calls must be a list of tool names")
     units, blocks = split_units(text)
-    return Answer(text=text, units=units, json_blocks=blocks,
+    return Answer(text=text, units=units,
+                  json_blocks=[b for b in blocks if not isinstance(b, YamlConfig)],
                   tool_calls=[tool_name(c) for c in calls] if calls is not None else None,
-                  meta=meta)
+                  meta=meta, yaml_configs=[b.data for b in blocks if isinstance(b, YamlConfig)])
 
 
 def from_json(data: Any, tool_calls: list[str] | None = None) -> Answer:
@@ -149,7 +155,8 @@ def from_json(data: Any, tool_calls: list[str] | None = None) -> Answer:
     units, blocks = split_units(body)
     if not body:
         units = _recommendation_units(data, 0)
-    return Answer(text=body, units=units, json_blocks=[data, *blocks],
+    return Answer(text=body, units=units,
+                  json_blocks=[data, *(b for b in blocks if not isinstance(b, YamlConfig))],
                   tool_calls=[tool_name(c) for c in tool_calls] if tool_calls else tool_calls)
 
 
@@ -230,6 +237,8 @@ def _json_prose(data: Any, depth: int = 0) -> list[str]:
         pairs = [(None, v) for v in data] if isinstance(data, list) else []
     out: list[str] = []
     for k, v in pairs:
+        if isinstance(k, str) and _REVIEWED_KEY.match(k):
+            continue
         if (isinstance(k, str) and _CONFIG_PATH.match(k)
                 and isinstance(v, str | int | float | bool | list)):
             out.append(f"{k}={_scalar(v)}")
@@ -238,6 +247,13 @@ def _json_prose(data: Any, depth: int = 0) -> list[str]:
         if len(out) >= 400:
             break
     return out
+
+
+# A JSON key whose value is what a report checks, not its advice ("claim_checked", "question",
+# "user_claim", "as_posted").
+_REVIEWED_KEY = re.compile(r"^(?:(?:user|original|quoted)_)?"
+                           r"(?:claim|quote|question|statement|input)"
+                           r"(?:_(?:checked|reviewed|under_review|as_posted))?$|^as_posted$")
 
 
 # A JSON key that is a config path ("model.cuda_graph_modules", "optimizer.optimizer_cpu_offload").
@@ -280,7 +296,7 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
     # the paragraph / list item number; whether it is a list item, an ordered one; whether a
     # negated lead-in ("Things I would not do:") governs the list items that follow it
     st = {"block": 0, "item": False, "ordered": False, "list_neg": False, "list_kept": False,
-          "parent": -1}
+          "parent": -1, "fences": 0}
 
     def add(piece: str, lead: bool = False, quoted: bool = False) -> None:
         for chunk in _bounded(piece.strip()):
@@ -318,7 +334,7 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
         if fm:
             flush()
             fence = fm.group(1) + fm.group(2).lower()
-            st["review"] = under_review(units)
+            st["review"], st["fences"] = under_review(units, st["fences"]), st["fences"] + 1
             continue
         if _QUOTED_SETTING.match(line):
             flush()
@@ -382,11 +398,33 @@ def _close_fence(fence: str, code: list[str], blocks: list[Any], units: list[Uni
     output = fence[3:] in _OUTPUT_FENCES
     shown = (fence[3:] not in _SHELL_FENCES and bool(code)
              and (review or _STATE_SHOWN.match(code[0]) is not None))
+    if fence[3:] in ("yaml", "yml") and not shown:
+        blocks += _yaml_config(body)
     lines = _join_comments(code)
     for i, line in enumerate(lines):
         # a command whose next line is an error is the failing run shown, not advice
         failed = i + 1 < len(lines) and _ERROR_LINE.match(lines[i + 1]) is not None
-        add(line, quoted=shown or failed or (output and not _COMMAND_LINE.search(line)))
+        # a line a diff removes is the state being replaced, not advice
+        removed = fence[3:] == "diff" and line.startswith("-") and not line.startswith("---")
+        add(line, quoted=shown or failed or removed
+            or (output and not _COMMAND_LINE.search(line)))
+
+
+@dataclass(frozen=True)
+class YamlConfig:
+    """A YAML config block the answer writes ("model:\n  recompute_modules: [moe]")."""
+
+    data: dict[str, Any]
+
+
+def _yaml_config(body: str) -> list[YamlConfig]:
+    """The block as a config mapping, read under the config loader's limits (size, depth,
+    aliases); a block that is not a mapping, or not YAML, is none."""
+    try:
+        data = load_yaml(body, "answer yaml block")
+    except (ConfigError, yaml.YAMLError, RecursionError):
+        return []
+    return [YamlConfig(data)] if isinstance(data, dict) else []
 
 
 # The first line a failing command prints ("error: unrecognized arguments: layernorm",
@@ -421,9 +459,19 @@ def _reviewed_opening(units: list[Unit], text: str) -> list[Unit]:
     return units
 
 
-def under_review(units: list[Unit]) -> bool:
-    """Whether a fenced block about to open shows the state the answer reviews, not advice."""
-    return bool(units) and _REVIEW_LEAD.search(units[-1].text) is not None
+# A review that opens by asking for changes ("**Requesting changes.**", "Blocking: ...").
+_CHANGES_ASKED = re.compile(r"^\W{0,6}(?:requesting changes|changes requested|blocking|"
+                            r"do not merge|not ready)", re.IGNORECASE)
+
+
+def under_review(units: list[Unit], fences: int = 0) -> bool:
+    """Whether a fenced block about to open shows the state the answer reviews, not advice:
+    one under a review lead-in, or the first block, close under a verdict that asks for
+    changes (``fences``: the blocks opened before this one)."""
+    if not units:
+        return False
+    opened = fences == 0 and len(units) <= 3 and _CHANGES_ASKED.match(units[0].text) is not None
+    return opened or _REVIEW_LEAD.search(units[-1].text) is not None
 
 
 _SHELL_FENCES = frozenset({"bash", "sh", "shell", "zsh", "console", "shell-session"})

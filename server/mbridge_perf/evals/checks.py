@@ -134,6 +134,9 @@ _PUT_FIRST = re.compile(
     r"|\bbefore (?:you )?(?:touch|try|chang|pick|reach)\w* (?:any|anything|a |the |for )"
     r"|\b(?:set|export|fix|check|apply|enable|confirm|add|try) [^.;]{1,120} first"
     r"(?= ?(?:[.;:!)(,—–]|$))"
+    # "first check that X is set", "first try X", "try that before any recompute change"
+    r"|\bfirst,? (?:check|try|set|export|apply|enable|confirm|make sure)\b"
+    r"|\bbefore any (?:other )?\w+ (?:change|lever|knob|step)s?\b"
     # "make sure X is set first"
     r"|\b(?:make sure|ensure)\b[^.;]{1,80}\b(?:is|are) (?:set|exported|in place|on) first\b"
     # Japanese: "先に X を試す / 設定する" (X before the rest), "何よりも先に", "まず最初に"
@@ -188,13 +191,19 @@ _IN_PLACE = re.compile(
     r"|\b(?:measured|taken|recorded) (?:on|with)\b"
     # a setting made whatever else happens ("Export X regardless"), or checked in place
     r"|\bregardless\b|\bin any case\b|\beither way\b"
-    r"|\b(?:make sure|ensure)\b[^.;]{0,80}\b(?:is|are) (?:exported|set|on|in place)\b(?! first)")
+    r"|\b(?:make sure|ensure)\b[^.;]{0,80}\b(?:is|are) (?:exported|set|on|in place)\b(?! first)"
+    # "keep X and Y in the job env"
+    r"|\bkeep\b[^.;]{0,120}\bin (?:the |your )?(?:job(?:'s)? )?env(?:ironment)?\b")
 
 
 # "It only belongs to full (with recompute_method)", "this applies only to selective": where a
 # field belongs, stated - not a step taken.
 _WHERE_IT_BELONGS = re.compile(r"\b(?:only )?belongs? (?:only )?to\b|\bappl(?:y|ies) only to\b"
-                               r"|\bonly appl(?:y|ies) to\b|\bis only (?:for|meaningful|valid) ")
+                               r"|\bonly appl(?:y|ies) to\b|\bis only (?:for|meaningful|valid) "
+                               # a constraint stated: "full is only accepted with a full-iteration
+                               # graph"
+                               r"|\b(?:is|are) only (?:accepted|allowed|supported|legal) "
+                               r"(?:with|when|under|for|on)\b")
 
 
 def _placed(m: Match, verify: set[int]) -> bool:
@@ -348,7 +357,7 @@ def no_misconceptions(a: Answer, card: dict[str, Any] | None, terms: list[str], 
     found += formula_errors(units)
     found += accumulation_errors(units)
     found += unit_errors(units)
-    found += config_errors(units, a.json_blocks)
+    found += config_errors(units, a.json_blocks + a.yaml_configs)
     text = "asserts none of the skill's misconceptions and no wrong arithmetic"
     if not found:
         read = f" (read in its first {CLAIM_WINDOW_CHARS:,} characters)" if cut else ""

@@ -101,11 +101,14 @@ def settings(units: list[Unit]) -> Settings:
     return out
 
 
-def _json_key(key: str, al: Any) -> str | None:
-    """``model.recompute_modules`` as written, or a bare field that only one section has."""
+def _json_key(key: str, al: Any, under: str = "") -> str | None:
+    """``model.recompute_modules`` as written, a field of the section it is nested ``under``,
+    or a bare field that only one section has."""
     sec, dot, name = key.partition(".")
     if dot:
         return key if name in al.sections.get(sec, ()) else None
+    if under and key in al.sections.get(under, ()):
+        return f"{under}.{key}"
     owners = [s for s, names in al.sections.items() if key in names]
     return f"{owners[0]}.{key}" if len(owners) == 1 else None
 
@@ -118,24 +121,26 @@ def _json_groups(data: Any, where: Unit) -> tuple[Settings, list[Settings]]:
     shared: Settings = {}
     alts: list[Settings] = []
     base: dict[int, int] = {}   # item -> the sibling it builds on (indices into alts)
-    todo: list[tuple[Any, Settings]] = [(data, shared)]
+    # (a value, the settings it adds to, the config section it stands under: "comm_overlap:"
+    # in a YAML block names the section of the fields nested in it)
+    todo: list[tuple[Any, Settings, str]] = [(data, shared, "")]
     seen = 0
     while todo and seen < MAX_JSON_NODES:
-        node, into = todo.pop(0)
+        node, into, sec = todo.pop(0)
         seen += 1
         if isinstance(node, list):
             named: dict[str, int] = {}
             for item in node[:MAX_JSON_NODES]:
                 alts.append({})
-                todo.append((item, alts[-1]))
+                todo.append((item, alts[-1], sec))
                 _link_sibling(item, len(alts) - 1, named, base)
         elif isinstance(node, dict):
             for k, v in list(node.items())[:MAX_JSON_NODES]:
-                key = _json_key(k, al) if isinstance(k, str) else None
+                key = _json_key(k, al, sec) if isinstance(k, str) else None
                 if key is not None and not isinstance(v, dict):
                     into[key] = (v, where)
                 elif isinstance(v, (dict, list)):
-                    todo.append((v, into))
+                    todo.append((v, into, k if k in al.sections else sec))
     return shared, [_resolved(i, alts, base) for i, g in enumerate(alts) if g]
 
 

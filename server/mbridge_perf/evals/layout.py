@@ -35,13 +35,13 @@ class FormulaError:
                 f"{self.why}, in: {clip(self.unit.text, 200)}")
 
 
-_DIMS = r"(?:tp|pp|cp|ep|etp|vpp)(?:=\d+)?"
+_DIMS = r"(?:tp|pp|cp|ep|etp|vpp)(?:=?\d+)?"
 # "dense DP = world / (TP·PP)", "| dense DP at 512 GPUs | world / (TP·PP) |", "EDP = world /
 # (ETP·EP)": the mesh and the symbolic denominator of its data-parallel formula
 _DP_FORMULA = re.compile(
-    rf"(?<![a-z])(e?dp)(?:=\d+)?\b[^=/.;|]{{0,40}}?(?:=|\|) ?"
-    rf"(?:world(?:[_ ]size)?|n|gpus|total gpus) ?/ ?"
-    rf"(\(?{_DIMS}(?: ?[·*×x] ?{_DIMS}){{0,4}}\)?(?: ?[·*×x/] ?{_DIMS}){{0,3}})")
+    rf"(?<![a-z])(expert dp|e?dp)(?:=\d+)?\b[^=/.;|]{{0,40}}?(?:=|\|) ?"
+    rf"(?:world(?:[_ ]size)?|n|gpus|total gpus|\d{{1,6}}) ?/ ?"
+    rf"(\(?{_DIMS}(?: ?[·*×x] ?{_DIMS}){{0,4}}\)?(?: ?[·*×x/] ?{_DIMS}){{0,3}})(?![a-z0-9])")
 # A size the answer states: "TP=4" (normalised from "TP 4", "4-way TP"), and CP from the
 # sequence ("CP = 131072 / 4096 = 32": in a chain the size is the result, not an operand).
 _SIZE = re.compile(r"(?<![a-z])(tp|pp|cp|ep|etp)=(\d{1,6})\b(?! ?[/×*·÷])")
@@ -77,16 +77,27 @@ def formula_errors(units: list[Unit], limit: int = 4) -> list[FormulaError]:
         if "/" not in low:
             continue
         for m in _DP_FORMULA.finditer(low):
-            used = set(re.findall(r"[a-z]+", m.group(2)))
-            mesh = m.group(1)
-            gone = [d for d in _MESH[mesh] if d not in used and sizes.get(d, 1) > 1]
-            if gone:
-                missing = ", ".join(f"{d.upper()} (= {sizes[d]})" for d in gone)
+            mesh = "edp" if m.group(1) == "expert dp" else m.group(1)
+            missing = _left_out(mesh, set(re.findall(r"[a-z]+", m.group(2))), sizes)
+            if missing:
                 out.append(FormulaError(f"{mesh.upper()} = world / {m.group(2).strip()}",
                                         missing, _MESH_WHY[mesh], u))
                 if len(out) >= limit:
                     return out
     return out
+
+
+def _left_out(mesh: str, used: set[str], sizes: dict[str, int]) -> str:
+    """What a mesh's formula gets wrong: a dimension of its own mesh the answer sizes above 1
+    and the formula leaves out, or - for EDP - the attention TP in place of an ETP the answer
+    sizes differently ("EDP = world / (TP·EP·PP)" with TP 2, ETP 1)."""
+    gone = [f"{d.upper()} (= {sizes[d]})" for d in _MESH[mesh]
+            if d not in used and sizes.get(d, 1) > 1]
+    if (mesh == "edp" and "tp" in used and "etp" not in used and "etp" in sizes
+            and sizes["etp"] != sizes.get("tp", 1)):
+        gone.append(f"ETP (= {sizes['etp']}; it divides by the attention TP "
+                    f"= {sizes.get('tp', 1)})")
+    return ", ".join(gone)
 
 
 # "GBS 32", "global_batch_size=512", "MBS 1", "micro_batch_size: 2" (normalised text)

@@ -163,6 +163,8 @@ _SUFFIX = re.compile(
     # "core_attn は効いていない", "メモリを減らす効果はありません", "mla_up_proj は使わない"
     r"|効いてい(?:ない|ません)|効果(?:は|が)(?:ない|ありません)|使わ(?:ない|ず)|使いません"
     r"|意味(?:は|が)(?:ない|ありません)"
+    # "core_attn には期待しない" (expect nothing of it), "X は入れません / 含めません" (left out)
+    r"|期待(?:し|でき)(?:ない|ません)|入れ(?:ない|ません)|含め(?:ない|ません)"
     # prohibitions: "X で比べてはいけません", "X すべきではない", "X しないでください"
     r"|[てで]はいけ(?:ない|ません)|[てで]はなりません|べきで(?:は)?(?:ない|ありません)|ないでください"
     # "ログに X の警告が出ていないこと" (X's warning does not appear): a check, not advice
@@ -236,7 +238,10 @@ _LATE = re.compile(
     r"only when selective (?:recompute )?(?:cannot|can't) fit|only if selective (?:recompute )?"
     r"(?:cannot|can't|still)|only after|(?:a |as a )?later (?:candidates?|a/?bs?|steps?|options?)"
     r"|(?:comes?|are|is) later\b|\blater,? once\b")
-_NEG_HEADING = re.compile(r"\b(?:not|avoid|don't|do not|reject(?:ed)?|wrong|mistakes?|myths?|"
+# (a heading that narrates an event - "Postmortem: the speedup did not reach production" - is
+# no rejection; "what did not work" still is)
+_NEG_HEADING = re.compile(r"\b(?:(?<!did )(?<!was )(?<!were )not|did not (?:work|help|fit|pay)|"
+                          r"avoid|don't|do not|reject(?:ed)?|wrong|mistakes?|myths?|"
                           r"pitfalls?|never|incompatible|blocked|what not)\b")
 
 

@@ -216,7 +216,7 @@ def _placed(m: Match, verify: set[int]) -> bool:
             or (is_question(m.unit) and not _put_first(m))):
         return False
     s = m.unit.norm
-    if _WHERE_IT_BELONGS.search(s) or _IN_PLACE.search(s, max(0, m.start - 90), m.end + 60):
+    if _WHERE_IT_BELONGS.search(s) or _IN_PLACE.search(s, max(0, m.start - 90), m.end + 90):
         return False
     return _RETAIN.search(s, max(0, m.start - 30), m.start) is None
 

@@ -83,6 +83,11 @@ def shapes() -> dict[str, str]:
             for k in range(2000)) + "```\n\n```json\n" + json.dumps({"candidates": [
                 {"id": f"c{k}", "compare_to": f"c{k - 1}",
                  "changes": {"ddp.nccl_ub": k % 2 == 0}} for k in range(1200)]}) + "\n```\n",
+        # a YAML config block the config reader loads (under the loader's limits) and validates
+        "yaml config block": "```yaml\nmodel:\n  recompute_granularity: selective\n"
+                             "  recompute_modules:\n" + "    - moe  # recompute the MoE block\n"
+                             * 6000 + "comm_overlap:\n  overlap_moe_expert_parallel_comm: true\n"
+                             "```\n",
         # layout arithmetic: sizes, DP / EDP formulas and accumulation counts beside their DP
         "layout arithmetic": "GBS 32, MBS 1, TP=4 PP=8 CP=2 EP=8. DP 1 means 16 accumulation "
                              "steps; EDP = world / (ETP·EP) = 8; DP = world / (TP·PP) = 2. " * 1500,

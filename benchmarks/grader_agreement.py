@@ -177,6 +177,17 @@ Four more batches, heldout49-52, were written after that work and graded only by
 (76.6 %) at 6af0333, 100/128 (78.1 %; good answers passing 50/64, bad answers failing 50/64) at
 2dbe957 and at 79fc099 (two Japanese readings later, which leave the 480 at 374): the stop's work
 moves a set nobody looked at by two answers in 128.
+Stop 34 opened heldout40-48 for development (231/288 at the start-of-stop grader 40b3ba3; 262/288
+after), kept heldout31-36 and heldout49-52 unread (320 answers) and had eight new batches written
+before any work began, heldout53-60 (256 answers; same prompt, writers replying only "done"),
+graded first at 40b3ba3. Final grades, by commit only (moved verdicts attributed by check name
+and claim id, no answer text read): heldout53-60 190/256 (74.2 %; good answers passing 104/128,
+bad answers failing 86/128) -> 204/256 (79.7 %; 115/128 and 89/128), fourteen verdicts moved,
+all to the right side; heldout31-36 + 49-52 243/320 (75.9 %; 131/160 and 112/160) -> 247/320
+(77.2 %; 136/160 and 111/160), eight moved, two of them wrong (a bad answer failed before only for
+the measurement-contract omission, now judged on plans only, and one failed only on card order).
+Together the 576 unseen answers read 433 -> 451 (75.2 % -> 78.3 %). The old developed folders
+read 852 of 920 (850 at the start), heldout37-39 90 of 96 (89).
 """
 
 from __future__ import annotations
@@ -229,33 +240,54 @@ BLIND = {"heldout": "blind batch 1 (measured once at 19/24, developed on since)"
          "heldout29": "blind batch 29 (measured once at 21/32, developed on since)",
          "heldout30": "blind batch 30 (measured once at 23/32, developed on since)",
          "heldout31": ("blind batch 31 (measured at 25/32, end of stop 32 26/32, end of stop 33 "
-                       "26/32; unread)"),
+                       "26/32, stop 34 26/32; unread)"),
          "heldout32": ("blind batch 32 (measured at 22/32, end of stop 32 21/32, end of stop 33 "
-                       "21/32; unread)"),
+                       "21/32, stop 34 21/32; unread)"),
          "heldout33": ("blind batch 33 (measured at 26/32, end of stop 32 26/32, end of stop 33 "
-                       "25/32; unread)"),
+                       "25/32, stop 34 24/32; unread)"),
          "heldout34": ("blind batch 34 (measured at 25/32, end of stop 32 25/32, end of stop 33 "
-                       "25/32; unread)"),
+                       "25/32, stop 34 27/32; unread)"),
          "heldout35": ("blind batch 35 (measured at 23/32, end of stop 32 23/32, end of stop 33 "
-                       "24/32; unread)"),
+                       "24/32, stop 34 26/32; unread)"),
          "heldout36": ("blind batch 36 (measured at 21/32, end of stop 32 22/32, end of stop 33 "
-                       "22/32; unread)"),
+                       "22/32, stop 34 22/32; unread)"),
          "heldout37": "blind batch 37 (measured once at 27/32, developed on in stop 33)",
          "heldout38": "blind batch 38 (measured once at 25/32, developed on in stop 33)",
          "heldout39": "blind batch 39 (measured once at 25/32, developed on in stop 33)",
-         "heldout40": "blind batch 40 (measured at 25/32, end of stop 33 26/32; unread)",
-         "heldout41": "blind batch 41 (measured at 25/32, end of stop 33 25/32; unread)",
-         "heldout42": "blind batch 42 (measured at 23/32, end of stop 33 23/32; unread)",
-         "heldout43": "blind batch 43 (measured at 26/32, end of stop 33 26/32; unread)",
-         "heldout44": "blind batch 44 (measured at 27/32, end of stop 33 27/32; unread)",
-         "heldout45": "blind batch 45 (measured at 28/32, end of stop 33 28/32; unread)",
-         "heldout46": "blind batch 46 (measured at 24/32, end of stop 33 25/32; unread)",
-         "heldout47": "blind batch 47 (measured at 24/32, end of stop 33 25/32; unread)",
-         "heldout48": "blind batch 48 (measured at 25/32, end of stop 33 26/32; unread)",
-         "heldout49": "blind batch 49 (6af0333 23/32, end of stop 33 23/32; unread)",
-         "heldout50": "blind batch 50 (6af0333 28/32, end of stop 33 29/32; unread)",
-         "heldout51": "blind batch 51 (6af0333 26/32, end of stop 33 26/32; unread)",
-         "heldout52": "blind batch 52 (6af0333 21/32, end of stop 33 22/32; unread)"}
+         "heldout40": ("blind batch 40 (measured at 25/32, end of stop 33 26/32; developed on in "
+                       "stop 34: 29/32)"),
+         "heldout41": ("blind batch 41 (measured at 25/32, end of stop 33 25/32; developed on in "
+                       "stop 34: 29/32)"),
+         "heldout42": ("blind batch 42 (measured at 23/32, end of stop 33 23/32; developed on in "
+                       "stop 34: 27/32)"),
+         "heldout43": ("blind batch 43 (measured at 26/32, end of stop 33 26/32; developed on in "
+                       "stop 34: 28/32)"),
+         "heldout44": ("blind batch 44 (measured at 27/32, end of stop 33 27/32; developed on in "
+                       "stop 34: 30/32)"),
+         "heldout45": ("blind batch 45 (measured at 28/32, end of stop 33 28/32; developed on in "
+                       "stop 34: 31/32)"),
+         "heldout46": ("blind batch 46 (measured at 24/32, end of stop 33 25/32; developed on in "
+                       "stop 34: 30/32)"),
+         "heldout47": ("blind batch 47 (measured at 24/32, end of stop 33 25/32; developed on in "
+                       "stop 34: 29/32)"),
+         "heldout48": ("blind batch 48 (measured at 25/32, end of stop 33 26/32; developed on in "
+                       "stop 34: 29/32)"),
+         "heldout49": ("blind batch 49 (6af0333 23/32, end of stop 33 23/32, stop 34 23/32; "
+                       "unread)"),
+         "heldout50": ("blind batch 50 (6af0333 28/32, end of stop 33 29/32, stop 34 29/32; "
+                       "unread)"),
+         "heldout51": ("blind batch 51 (6af0333 26/32, end of stop 33 26/32, stop 34 27/32; "
+                       "unread)"),
+         "heldout52": ("blind batch 52 (6af0333 21/32, end of stop 33 22/32, stop 34 22/32; "
+                       "unread)"),
+         "heldout53": "blind batch 53 (40b3ba3 27/32, end of stop 34 27/32; unread)",
+         "heldout54": "blind batch 54 (40b3ba3 20/32, end of stop 34 22/32; unread)",
+         "heldout55": "blind batch 55 (40b3ba3 24/32, end of stop 34 27/32; unread)",
+         "heldout56": "blind batch 56 (40b3ba3 26/32, end of stop 34 28/32; unread)",
+         "heldout57": "blind batch 57 (40b3ba3 28/32, end of stop 34 28/32; unread)",
+         "heldout58": "blind batch 58 (40b3ba3 19/32, end of stop 34 21/32; unread)",
+         "heldout59": "blind batch 59 (40b3ba3 22/32, end of stop 34 24/32; unread)",
+         "heldout60": "blind batch 60 (40b3ba3 24/32, end of stop 34 27/32; unread)"}
 PREFIX = "nemo-mbridge-perf-"
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 

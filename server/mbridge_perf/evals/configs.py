@@ -9,7 +9,10 @@ MoE model when the answer sets MoE knobs) and validated:
   mention such as "`model.cpu_offloading=True` raises" is no setting);
 - in JSON, ``"model.X": value`` override maps or a field only one section has (a
   submit_benchmark payload, a sweep's jobs); each item of a JSON list is an alternative, judged
-  apart together with the settings outside the lists.
+  apart together with the settings outside the lists;
+- in a YAML config block (read under the config loader's limits), the same way as JSON, a field
+  nested under its section (``comm_overlap:`` / ``overlap_moe_expert_parallel_comm: true``)
+  resolving to that section.
 An error counts against the answer only when at least two of the fields it names were set by
 the answer itself: a combination the answer wrote, not a default of our base or a field it left
 unsaid - so every ``field=value`` the error message names must be one the answer set

@@ -201,3 +201,23 @@ def test_an_answer_to_a_startup_assertion_is_not_held_to_the_allocator_step() ->
     assert "no-allocator-check" not in _claims(RECOMPUTE, text)
     oom = "You are still short by 3 GB: go back to selective recompute with layernorm."
     assert "no-allocator-check" in _claims(RECOMPUTE, oom)
+
+
+# ------------------------------------------------------------- a script's variables are no knobs
+
+SCRIPT = """Hidden share from the matched profile:
+
+```python
+comm_u = union([(k.start, k.end) for k in comm])
+hidden_share = hidden / total
+{extra}
+```
+"""
+
+
+def test_a_scripts_computed_variables_are_not_invented_knobs() -> None:
+    assert not _failed(WORKFLOW, SCRIPT.format(extra=""), "valid_keys_only")
+
+
+def test_an_invented_setting_in_the_same_script_is_still_one() -> None:
+    assert _failed(WORKFLOW, SCRIPT.format(extra="moe_fast_dispatch = True"), "valid_keys_only")

@@ -16,8 +16,11 @@ from mbridge_perf.evals.text import Unit, is_recommended
 _DOTTED = re.compile(r"(?<![A-Za-z0-9_.])(?:(?:cfg|config|conf|recipe|c)\.)?([a-z_]+)\."
                      r"([A-Za-z_][A-Za-z0-9_]*)\b")
 # ("up_proj: not a recompute label" is a verdict on the name, not a setting)
+# (a script's variable computed from others - "hidden_share = hidden / sum(...)", "comm_u =
+# union(...)" - is no knob: its value is a call or an expression of names)
 _ASSIGN = re.compile(r"(?<![A-Za-z0-9_.\-])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\s*"
-                     r"(?:=|:\s(?!\s*(?:not|no|invalid|unknown|wrong|does not|doesn't)\b))")
+                     r"(?:=(?!=|\s{0,4}[a-z_][\w.]{0,60}\s{0,4}(?:\(|[-+*/%] ))"
+                     r"|:\s(?!\s*(?:not|no|invalid|unknown|wrong|does not|doesn't)\b))")
 _LIST_VALUE = re.compile(r"\b(recompute_modules|cuda_graph_modules)\s{0,8}[=:]\s{0,8}"
                          r"\[([^\]]{0,400})\]")
 # the perf-harness flag form: "--recompute_modules mla_up_proj,moe_act" (comma-separated)

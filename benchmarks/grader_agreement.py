@@ -177,7 +177,7 @@ Four more batches, heldout49-52, were written after that work and graded only by
 (76.6 %) at 6af0333, 100/128 (78.1 %; good answers passing 50/64, bad answers failing 50/64) at
 2dbe957 and at 79fc099 (two Japanese readings later, which leave the 480 at 374): the stop's work
 moves a set nobody looked at by two answers in 128.
-Stop 34 opened heldout40-48 for development (231/288 at the start-of-stop grader 40b3ba3; 262/288
+Stop 34 opened heldout40-48 for development (231/288 at the start-of-stop grader 40b3ba3; 263/288
 after), kept heldout31-36 and heldout49-52 unread (320 answers) and had eight new batches written
 before any work began, heldout53-60 (256 answers; same prompt, writers replying only "done"),
 graded first at 40b3ba3. Final grades, by commit only (moved verdicts attributed by check name
@@ -264,7 +264,7 @@ BLIND = {"heldout": "blind batch 1 (measured once at 19/24, developed on since)"
          "heldout42": ("blind batch 42 (measured at 23/32, end of stop 33 23/32; developed on in "
                        "stop 34: 27/32)"),
          "heldout43": ("blind batch 43 (measured at 26/32, end of stop 33 26/32; developed on in "
-                       "stop 34: 28/32)"),
+                       "stop 34: 29/32)"),
          "heldout44": ("blind batch 44 (measured at 27/32, end of stop 33 27/32; developed on in "
                        "stop 34: 30/32)"),
          "heldout45": ("blind batch 45 (measured at 28/32, end of stop 33 28/32; developed on in "

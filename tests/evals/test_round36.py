@@ -5,31 +5,23 @@ with the near miss that must still be caught."""
 from __future__ import annotations
 
 import pytest
+from test_claims import LONG, MEMORY, RECOMPUTE, WORKFLOW, found
 
 from mbridge_perf.evals.answer import parse_answer
-from mbridge_perf.evals.claims import find_misconceptions
 from mbridge_perf.evals.grade import grade_skill
 from mbridge_perf.evals.layout import accumulation_errors, formula_errors
 from mbridge_perf.skillpack.pack import get_skill
 
 from helpers import REPO
 
-RECOMPUTE = "nemo-mbridge-perf-activation-recompute"
-WORKFLOW = "nemo-mbridge-perf-moe-optimization-workflow"
-
-
-def _claims(skill: str, text: str) -> list[str]:
-    card = get_skill(REPO, skill).card
-    return [f.misconception.id for f in find_misconceptions(card, parse_answer(text).units)]
-
 
 def test_a_japanese_prohibition_is_not_the_claim_it_forbids() -> None:
-    assert "summed-kernel-time" not in _claims(
+    assert "summed-kernel-time" not in found(
         WORKFLOW, "オーバーラップの効果は、カーネル時間の合計で判断してはいけません。")
 
 
 def test_the_same_japanese_sentence_as_advice_is_still_the_claim() -> None:
-    assert "summed-kernel-time" in _claims(
+    assert "summed-kernel-time" in found(
         WORKFLOW, "オーバーラップの効果は、カーネル時間の合計で判断してください。")
 
 
@@ -39,12 +31,12 @@ That flag also turns on delayed wgrad, so it does not isolate EP overlap."""
 
 
 def test_a_blockquoted_command_is_the_users_words() -> None:
-    assert "a2a-flag-is-plain-ep-overlap" not in _claims(WORKFLOW, QUOTED_FLAG)
+    assert "a2a-flag-is-plain-ep-overlap" not in found(WORKFLOW, QUOTED_FLAG)
 
 
 def test_the_same_command_unquoted_is_the_answers_own() -> None:
     text = "`--moe_a2a_overlap true   # isolates EP overlap`"
-    assert "a2a-flag-is-plain-ep-overlap" in _claims(WORKFLOW, text)
+    assert "a2a-flag-is-plain-ep-overlap" in found(WORKFLOW, text)
 
 
 REVIEWED = """Requesting changes on your recompute list:
@@ -71,16 +63,13 @@ def test_the_same_block_offered_as_the_fix_is_advice() -> None:
                                              "Set this:"))
 
 
-LONG = "nemo-mbridge-perf-moe-long-context"
-
-
 def test_a_japanese_check_that_a_warning_is_absent_is_no_advice() -> None:
-    assert _claims(LONG, "ログに core_attn の警告が出ていないことを確認してください。") == []
+    assert found(LONG, "ログに core_attn の警告が出ていないことを確認してください。") == []
 
 
 def test_japanese_advice_to_add_the_label_is_still_the_claim() -> None:
     text = "128K では core_attn の再計算を追加してください。"
-    assert "core-attn-at-long-seq" in _claims(LONG, text)
+    assert "core-attn-at-long-seq" in found(LONG, text)
 
 
 OPENING_DIFF = """```python
@@ -142,13 +131,12 @@ def test_two_global_batch_sizes_leave_the_count_unjudged() -> None:
     assert accumulation_errors(parse_answer(text).units) == []
 
 
-MEMORY = "nemo-mbridge-perf-memory-tuning"
 MLP_STEP = ("4. If it still does not fit, add `mlp` to `recompute_modules`. "
             "That saves about 3 GB for roughly {cost} throughput, a cheap last step.")
 
 
 def test_a_figure_in_the_sentence_that_points_back_at_its_subject_is_judged() -> None:
-    assert "mlp-cost-understated" in _claims(MEMORY, MLP_STEP.format(cost="1-2 %"))
+    assert "mlp-cost-understated" in found(MEMORY, MLP_STEP.format(cost="1-2 %"))
 
 
 @pytest.mark.parametrize("text", [
@@ -156,7 +144,7 @@ def test_a_figure_in_the_sentence_that_points_back_at_its_subject_is_judged() ->
     MLP_STEP.replace("That saves", "\n\nThe allocator fix saves").format(cost="2 %"),
 ])
 def test_the_measured_figure_or_another_subject_is_not(text: str) -> None:
-    assert "mlp-cost-understated" not in _claims(MEMORY, text)
+    assert "mlp-cost-understated" not in found(MEMORY, text)
 
 
 def test_an_env_key_in_a_json_change_map_is_read_as_its_setting() -> None:
@@ -171,16 +159,16 @@ def test_an_env_key_in_a_json_change_map_is_read_as_its_setting() -> None:
 def test_a_failure_set_aside_by_rather_than_does_not_negate_the_claim() -> None:
     text = ('Keep recompute_granularity="full" under the TE graphs: the full-recompute '
             'combination mostly costs some of the graph gain rather than failing.')
-    assert "full-recompute-runs-under-te-graphs" in _claims(WORKFLOW, text)
+    assert "full-recompute-runs-under-te-graphs" in found(WORKFLOW, text)
     refused = text.replace("rather than failing", "and it fails at startup")
-    assert "full-recompute-runs-under-te-graphs" not in _claims(WORKFLOW, refused)
+    assert "full-recompute-runs-under-te-graphs" not in found(WORKFLOW, refused)
 
 
 def test_a_japanese_becomes_unusable_negates_the_combination() -> None:
     text = ("将来 FP8 の delayed scaling に切り替える場合、"
             "moe_act と layernorm の再計算は使えなくなります。")
-    assert "delayed-fp8-with-recompute" not in _claims(RECOMPUTE, text)
-    assert "delayed-fp8-with-recompute" in _claims(
+    assert "delayed-fp8-with-recompute" not in found(RECOMPUTE, text)
+    assert "delayed-fp8-with-recompute" in found(
         RECOMPUTE, "FP8 の delayed scaling でも moe_act と layernorm の再計算は使えます。")
 
 

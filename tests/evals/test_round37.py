@@ -5,22 +5,14 @@ narrow answers and the measurement contract - each with the near miss that must 
 
 from __future__ import annotations
 
+from test_claims import RECOMPUTE, WORKFLOW, found
+
 from mbridge_perf.evals.answer import parse_answer
-from mbridge_perf.evals.claims import find_misconceptions
 from mbridge_perf.evals.grade import grade_skill
 from mbridge_perf.evals.layout import formula_errors
 from mbridge_perf.skillpack.pack import get_skill
 
 from helpers import REPO
-
-MEMORY = "nemo-mbridge-perf-memory-tuning"
-RECOMPUTE = "nemo-mbridge-perf-activation-recompute"
-WORKFLOW = "nemo-mbridge-perf-moe-optimization-workflow"
-
-
-def _claims(skill: str, text: str) -> list[str]:
-    card = get_skill(REPO, skill).card
-    return [f.misconception.id for f in find_misconceptions(card, parse_answer(text).units)]
 
 
 def _failed(skill: str, text: str, check: str) -> bool:
@@ -94,23 +86,23 @@ def test_the_same_block_without_the_verdict_is_the_answers_own() -> None:
 
 def test_a_diffs_removed_line_is_the_old_state() -> None:
     diff = "```diff\n- --recompute_modules up_proj\n+ --recompute_modules mla_up_proj\n```\n"
-    assert "invented-up-proj-label" not in _claims(RECOMPUTE, diff)
+    assert "invented-up-proj-label" not in found(RECOMPUTE, diff)
     added = "```diff\n- --recompute_modules mla_up_proj\n+ --recompute_modules up_proj\n```\n"
-    assert "invented-up-proj-label" in _claims(RECOMPUTE, added)
+    assert "invented-up-proj-label" in found(RECOMPUTE, added)
 
 
 def test_a_reports_checked_claim_is_not_its_advice() -> None:
     checked = ('```json\n{"claim_checked": "Add moe_act recompute next under fp8_recipe=delayed",'
                ' "verdict": "rejected"}\n```\n')
-    assert "delayed-fp8-recompute-labels-advised" not in _claims(RECOMPUTE, checked)
+    assert "delayed-fp8-recompute-labels-advised" not in found(RECOMPUTE, checked)
     advised = checked.replace("claim_checked", "next_step")
-    assert "delayed-fp8-recompute-labels-advised" in _claims(RECOMPUTE, advised)
+    assert "delayed-fp8-recompute-labels-advised" in found(RECOMPUTE, advised)
 
 
 def test_a_blockquote_is_the_quoted_text_and_a_note_callout_is_not() -> None:
     quoted = "> Enabling EP overlap took Qwen3 30B-A3B from 244.039 to 299.352 TFLOP/s/GPU.\n"
-    assert "gain-credited-to-one-knob" not in _claims(WORKFLOW, quoted)
-    assert "gain-credited-to-one-knob" in _claims(WORKFLOW, quoted.removeprefix("> "))
+    assert "gain-credited-to-one-knob" not in found(WORKFLOW, quoted)
+    assert "gain-credited-to-one-knob" in found(WORKFLOW, quoted.removeprefix("> "))
     assert not parse_answer("> **Note:** export the allocator setting first.\n").units[0].quoted
 
 
@@ -171,13 +163,13 @@ def test_an_expert_dp_row_is_read_as_the_expert_mesh() -> None:
 def test_a_heading_that_narrates_an_event_does_not_negate_its_section() -> None:
     text = ("## Postmortem: the speedup did not reach production\n\n"
             "Take step time and TFLOP/s/GPU from those same profiled iterations 41-50.\n")
-    assert "metric-from-profiled-run" in _claims(WORKFLOW, text)
+    assert "metric-from-profiled-run" in found(WORKFLOW, text)
     rejected = text.replace("the speedup did not reach production", "what not to do")
-    assert "metric-from-profiled-run" not in _claims(WORKFLOW, rejected)
+    assert "metric-from-profiled-run" not in found(WORKFLOW, rejected)
 
 
 def test_japanese_expect_nothing_negates_core_attn() -> None:
-    assert "core-attn-first-default-backend" not in _claims(
+    assert "core-attn-first-default-backend" not in found(
         RECOMPUTE, "TE fused attention なので `core_attn` には期待しない。"
                    "まず layernorm を再計算します。")
 
@@ -187,20 +179,20 @@ def test_japanese_expect_nothing_negates_core_attn() -> None:
 def test_a_narrow_answer_about_one_flag_is_not_held_to_the_whole_contract() -> None:
     text = ("--moe_a2a_overlap true also turns on delay_wgrad_compute, so set "
             "comm_overlap.overlap_moe_expert_parallel_comm=True and delay_wgrad_compute=False.")
-    assert "no-measurement-contract" not in _claims(WORKFLOW, text)
+    assert "no-measurement-contract" not in found(WORKFLOW, text)
 
 
 def test_a_plan_without_the_contract_still_fails() -> None:
     text = "1. Fit: estimate_memory. 2. Scale: maximise DP. 3. Profile the dominant wall."
-    assert "no-measurement-contract" in _claims(WORKFLOW, text)
+    assert "no-measurement-contract" in found(WORKFLOW, text)
 
 
 def test_an_answer_to_a_startup_assertion_is_not_held_to_the_allocator_step() -> None:
     text = ("Full recompute asserts with every graph impl except full_iteration, so if you are "
             "still short, go back to selective recompute with layernorm.")
-    assert "no-allocator-check" not in _claims(RECOMPUTE, text)
+    assert "no-allocator-check" not in found(RECOMPUTE, text)
     oom = "You are still short by 3 GB: go back to selective recompute with layernorm."
-    assert "no-allocator-check" in _claims(RECOMPUTE, oom)
+    assert "no-allocator-check" in found(RECOMPUTE, oom)
 
 
 # ------------------------------------------------------------- a script's variables are no knobs

@@ -45,13 +45,14 @@ _ABBREV = re.compile(r"(?:\b(?:e\.g|i\.e|vs|etc|approx|cf|incl|resp|no|fig|eq|ca
 # assignment and no command ("AssertionError: ...", "cuda_gpu_kern_sum: ... 38.2 %"): the
 # program's words, not the answer's, so they assert and recommend nothing.
 _OUTPUT_FENCES = frozenset({"", "text", "txt", "log", "console", "output", "plaintext"})
-# A blockquoted config line ("> `recompute_modules: [up_proj, moe_act]`"): a review quoting
-# the user's diff or a log, not the answer's own setting.
-_QUOTED_SETTING = re.compile(r"^\s*>\s?(?:`?[A-Za-z]\w{0,40}[_.][\w.\[\]-]{0,80} ?[:=] ?\S"
-                             r"|`[-+#]?\s{0,4}-{0,2}[A-Za-z]"
-                             r"|(?!\s*(?:\*\*)?(?:\[!|note|tip|warning|important|caution|tl;?dr|rule|"
-                             r"summary|answer|short answer|bottom line|recommendation)\b)\s*\S)",
-                             re.IGNORECASE)
+# A blockquoted line ("> Enabling EP overlap took ...", "> `recompute_modules: [up_proj]`"): a
+# review quoting the user's words, diff or log, not the answer's own advice. A callout ("> **Note:**
+# ...", "> [!TIP]") is the answer's own; a config line is quoted even when its section starts
+# like a callout word ("> note.x = 1").
+_BLOCKQUOTE = re.compile(r"^\s*>\s?(?:`?[A-Za-z]\w{0,40}[_.][\w.\[\]-]{0,80} ?[:=] ?\S"
+                         r"|(?!\s*(?:\*\*)?(?:\[!|note|tip|warning|important|caution|tl;?dr|rule|"
+                         r"summary|answer|short answer|bottom line|recommendation)\b)\s*\S)",
+                         re.IGNORECASE)
 _COMMAND_LINE = re.compile(r"=|^\s*(?:[$>#-]|export\b|python|torchrun|srun|sbatch|bash\b|"
                            r"nsys\b|grep\b|uv\b|pip\b)")
 
@@ -142,10 +143,10 @@ def parse_answer(text: str, tool_calls: list[str] | None = None) -> Answer:
                                   and all(isinstance(c, str) for c in calls)):
         raise AnswerError("front matter tool_calls must be a list of tool names")
     units, blocks = split_units(text)
-    return Answer(text=text, units=units,
-                  json_blocks=[b for b in blocks if not isinstance(b, YamlConfig)],
+    json_blocks, yaml_configs = _apart(blocks)
+    return Answer(text=text, units=units, json_blocks=json_blocks,
                   tool_calls=[tool_name(c) for c in calls] if calls is not None else None,
-                  meta=meta, yaml_configs=[b.data for b in blocks if isinstance(b, YamlConfig)])
+                  meta=meta, yaml_configs=yaml_configs)
 
 
 def from_json(data: Any, tool_calls: list[str] | None = None) -> Answer:
@@ -155,9 +156,14 @@ def from_json(data: Any, tool_calls: list[str] | None = None) -> Answer:
     units, blocks = split_units(body)
     if not body:
         units = _recommendation_units(data, 0)
-    return Answer(text=body, units=units,
-                  json_blocks=[data, *(b for b in blocks if not isinstance(b, YamlConfig))],
+    return Answer(text=body, units=units, json_blocks=[data, *_apart(blocks)[0]],
                   tool_calls=[tool_name(c) for c in tool_calls] if tool_calls else tool_calls)
+
+
+def _apart(blocks: list[Any]) -> tuple[list[Any], list[Any]]:
+    """split_units' blocks as (the JSON values, the YAML config mappings)."""
+    return ([b for b in blocks if not isinstance(b, YamlConfig)],
+            [b.data for b in blocks if isinstance(b, YamlConfig)])
 
 
 # A list of knob entries under another name ("levers": [{rank, knob, value, expected_effect}]);
@@ -336,7 +342,7 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
             fence = fm.group(1) + fm.group(2).lower()
             st["review"], st["fences"] = under_review(units, st["fences"]), st["fences"] + 1
             continue
-        if _QUOTED_SETTING.match(line):
+        if _BLOCKQUOTE.match(line):
             flush()
             add(line.lstrip(" >"), quoted=True)
             continue
@@ -395,17 +401,18 @@ def _close_fence(fence: str, code: list[str], blocks: list[Any], units: list[Uni
                     for sentence in _sentences(prose):
                         add(sentence)
             return
-    output = fence[3:] in _OUTPUT_FENCES
-    shown = (fence[3:] not in _SHELL_FENCES and bool(code)
+    lang = fence[3:]
+    output = lang in _OUTPUT_FENCES
+    shown = (lang not in _SHELL_FENCES and bool(code)
              and (review or _STATE_SHOWN.match(code[0]) is not None))
-    if fence[3:] in ("yaml", "yml") and not shown:
+    if lang in ("yaml", "yml") and not shown:
         blocks += _yaml_config(body)
     lines = _join_comments(code)
     for i, line in enumerate(lines):
         # a command whose next line is an error is the failing run shown, not advice
         failed = i + 1 < len(lines) and _ERROR_LINE.match(lines[i + 1]) is not None
         # a line a diff removes is the state being replaced, not advice
-        removed = fence[3:] == "diff" and line.startswith("-") and not line.startswith("---")
+        removed = lang == "diff" and line.startswith("-") and not line.startswith("---")
         add(line, quoted=shown or failed or removed
             or (output and not _COMMAND_LINE.search(line)))
 

@@ -27,7 +27,10 @@ _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTAL
 _HEADING = re.compile(r"^(#{1,6})\s+(.*)$")
 _FENCE = re.compile(r"^\s*(```|~~~)\s*([A-Za-z0-9_-]*)")
 _LIST = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+(?:\[[ xX]\]\s+)?")  # "- [ ] ...": a task item
-_ORDERED = re.compile(r"^\s*\d+[.)]\s")
+# a numbered item, or a bullet that names its step ("- [ ] **ステップ 2: ...**", "- Step 3: ...")
+_ORDERED = re.compile(r"^\s*(?:\d+[.)]\s"
+                      r"|[-*+]\s+(?:\[[ xX]\]\s+)?(?:\*\*|__)?(?:step|ステップ)\s?\d)",
+                      re.IGNORECASE)
 # A bold step head on a line of its own ("**1. Raise PP**", "__2) Then X__") is an ordered list
 # item too; the emphasis opening it goes with the number.
 _BOLD_STEP = re.compile(r"^\s*(?:\*\*|__)\s?(?=\d{1,2}[.)]\s)")

@@ -206,13 +206,20 @@ _WHERE_IT_BELONGS = re.compile(r"\b(?:only )?belongs? (?:only )?to\b|\bappl(?:y|
                                r"(?:with|when|under|for|on)\b")
 
 
+# A list of the facts to gather before any change ("Gather facts: TP/PP/..., the current
+# recompute_*, PYTORCH_CUDA_ALLOC_CONF"): what is read, not a step taken.
+_INVENTORY = re.compile(r"^(?:\d+[.)] ?)?(?:\[[ x]\] ?)?(?:(?:gather|collect|record|note down) "
+                        r"(?:the |these )?(?:facts|inputs|details|current)\b|(?:facts|inputs) to "
+                        r"(?:gather|collect)\b|(?:事実|情報|現状)を(?:集め|確認|記録))")
+
+
 def _placed(m: Match, verify: set[int]) -> bool:
     """Whether a recommendation places its checklist step in the answer's sequence: not a
     setting kept as it is (nor an item under a "Leave as is" lead-in), not a question back to
     the user ("has the job run with X?", unless it says it comes first), not a statement of
     where a field belongs, and not evidence named in a verification statement (``verify``: the
     units that verify, when the card marks its verification step)."""
-    if (m.unit.index in verify or m.unit.kept
+    if (m.unit.index in verify or m.unit.kept or _INVENTORY.match(m.unit.norm)
             or (is_question(m.unit) and not _put_first(m))):
         return False
     s = m.unit.norm
@@ -232,16 +239,23 @@ def _steps(units: list[Unit]) -> list[int]:
 
 
 # A step head that says its step comes first ("1. **Selective recompute first.**").
-_CLAIMS_FIRST = re.compile(r"\bfirst\b|\bstart (?:with|by)\b|まず|最初に")
+_CLAIMS_FIRST = re.compile(r"\bfirst\b|\bstart (?:with|by)\b|まず|最初に|から(?:入る|始め)")
 
 
-def _first_step(hits: list[Match], steps: list[int], claimed: bool = False) -> int:
-    """The first numbered step a hit stands in, -1 if none (``claimed``: only a step whose head
-    names the item and says it comes first)."""
+def _first_step(hits: list[Match], steps: list[int], claiming: set[int] | None = None) -> int:
+    """The first numbered step a hit stands in, -1 if none (``claiming``: only those steps, the
+    ones whose head says they come first - "1. **Swap the recompute module first.** ... Add
+    layernorm": the step's advice comes first, whether its head or its body names the item)."""
     return min((steps[m.unit.index] for m in hits
                 if 0 <= m.unit.index < len(steps) and steps[m.unit.index] >= 0
-                and (not claimed or (m.unit.lead and _CLAIMS_FIRST.search(m.unit.norm)))),
+                and (claiming is None or steps[m.unit.index] in claiming)),
                default=-1)
+
+
+def _claiming_steps(units: list[Unit], steps: list[int]) -> set[int]:
+    """The numbered steps whose head says the step comes first."""
+    return {steps[u.index] for u in units
+            if u.lead and 0 <= u.index < len(steps) and _CLAIMS_FIRST.search(u.norm)}
 
 
 class _Ranked(NamedTuple):
@@ -276,6 +290,7 @@ def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist", 
     ranks: list[_Ranked] = []
     verify: set[int] = set()
     steps = _steps(a.units) if lenient_order else []
+    claiming = _claiming_steps(a.units, steps)
     if lenient_order and any(i.get("verification") for i in items):
         # (a contract that names the window, "iterations 41-50", is still the contract)
         verify = {u.index for u in a.units if _VERIFY.search(u.norm)}
@@ -308,7 +323,7 @@ def checklist(a: Answer, items: list[dict[str, Any]], check: str = "checklist", 
         if put is not None:
             first, first_hit = (-1, -1), put
         ranks.append(_Ranked(item["id"], first, first_hit, hits[-1].rank, hits[-1],
-                             _first_step(hits, steps), _first_step(hits, steps, claimed=True)))
+                             _first_step(hits, steps), _first_step(hits, steps, claiming)))
     if lenient_order and len(ranks) > 1:
         bad = [(x, y) for x, y in pairwise(ranks)
                if (x.first > y.last or _later_step(x, y))

@@ -91,6 +91,9 @@ _ADVICE = re.compile(
     # a slide's or runbook's step in the plain form, led by its place in the sequence ("まず
     # core_attn を recompute して…", "次に moe_act を足す")
     r"|(?:^|、)(?:まず|最初に|次に)(?:は)?(?:、| )?[^。]{0,60}?を"
+    # a numbered step that ends in its verb's plain form ("2. まだ足りなければ TP を 8 に上げる。")
+    r"|^\d+[.)] ?[^。]{0,80}?(?:上げ|増や|下げ|減ら|設定|追加|有効に|入れ|足|使|切り替え|変更)"
+    r"(?:る|す|う|する)?。?$"
     # a config line of a code block that sets a key ("cfg.model.cpu_offloading = true"); a
     # key set to none / false / 0 turns it off
     r"|^[a-z_]\w{0,20}(?:\.\w{1,60}){1,4} ?=(?! ?(?:none|false|0)\b| ?\[\]) ?")

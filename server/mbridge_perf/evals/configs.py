@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mbridge_perf.evals.keys import allowlist
@@ -78,6 +78,19 @@ def _value(raw: str) -> tuple[bool, Any]:
         return False, None
 
 
+# A line comment that forbids a further change with its own object ("# do NOT add "moe":
+# dropless model"): advice about another edit, not a verdict on the line it sits on ("# do not
+# use this", "# wrong" still are).
+_OTHER_EDIT = re.compile(r"#\s{0,4}(?:do not|don'?t|never|no need to)\s+(?:add|set|put|use|enable|"
+                         r"include|append|raise|lower|touch)\s+(?!(?:this|it|that|these|here)\b)\S")
+
+
+def _own_words(u: Unit) -> Unit:
+    """The code line without a comment that forbids another edit."""
+    m = _OTHER_EDIT.search(u.norm)
+    return replace(u, norm=u.norm[:m.start()]) if m else u
+
+
 def settings(units: list[Unit]) -> Settings:
     """``section.field`` -> (value, the unit that set it), for known fields only; a setting
     inside a rejected clause or quoted output is no setting (the last one wins)."""
@@ -99,7 +112,7 @@ def settings(units: list[Unit]) -> Settings:
             pos = u.norm.find(name)
             ok, value = _value(raw)
             if ok and name in al.sections.get(sec, ()) and (
-                    pos < 0 or is_recommended(u, pos, pos + len(name))):
+                    pos < 0 or is_recommended(_own_words(u), pos, pos + len(name))):
                 out[f"{sec}.{name}"] = (value, u)
     return out
 

@@ -292,6 +292,50 @@ def _bounded(piece: str) -> list[str]:
     return [*out, piece] if piece else out
 
 
+# A chat thread's speaker tag at the start of a line: "**@lena** ...", "**dana:** ...", "@kai: ..."
+# (a lower-case handle in bold, or any name after "@"; "**Status**" is a label, not a speaker).
+_SPEAKER = re.compile(r"^\s{0,3}(?:\*\*@?([a-z][\w.-]{0,24}[a-z0-9])(?::\*\*|\*\*:?)"
+                      r"|\*\*@([A-Za-z][\w.-]{0,24})(?::\*\*|\*\*:?)|@([A-Za-z][\w.-]{0,24}):)\s")
+# the answering side of a thread names itself so ("perf-bot", "mem-helper", "perf-oncall")
+_ANSWERER = re.compile(r"bot|help|oncall|perf|assist|agent|\bai\b")
+
+
+def _speaker(line: str) -> str | None:
+    m = _SPEAKER.match(line)
+    return next((g for g in m.groups() if g), None) if m else None
+
+
+def thread_users(text: str) -> set[str]:
+    """In a chat thread (two or more speakers), the speakers who are not the one answering: the
+    answerer names itself as a helper or bot, else it is the second to speak (the first asks).
+    Their lines are the user's words, quoted, not the answer's advice."""
+    order: list[str] = []
+    for line in text.splitlines():
+        name = _speaker(line)
+        if name is not None and name.lower() not in order:
+            order.append(name.lower())
+    if len(order) < 2:
+        return set()
+    answerer = next((n for n in order if _ANSWERER.search(n)), order[1])
+    return set(order) - {answerer}
+
+
+def _state(text: str) -> dict[str, Any]:
+    """split_units' reading state: the paragraph / list item number; whether it is a list item,
+    an ordered one; whether a negated lead-in ("Things I would not do:") governs the list items
+    that follow it; the thread's user speakers and whether the current line is theirs."""
+    return {"block": 0, "item": False, "ordered": False, "list_neg": False, "list_kept": False,
+            "parent": -1, "fences": 0, "users": thread_users(text), "user": False}
+
+
+def _new_voice(line: str, st: dict[str, Any]) -> bool:
+    """Whether a thread speaker starts talking on this line (and whether it is a user)."""
+    name = _speaker(line)
+    if name is not None:
+        st["user"] = name.lower() in st["users"]
+    return name is not None
+
+
 def split_units(text: str) -> tuple[list[Unit], list[Any]]:
     """Markdown into units: sentences of prose, list items, table rows, code lines; fenced
     JSON blocks are parsed (their recommendation lists become units where the block stands)."""
@@ -302,10 +346,7 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
     code: list[str] = []
     para: list[str] = []
 
-    # the paragraph / list item number; whether it is a list item, an ordered one; whether a
-    # negated lead-in ("Things I would not do:") governs the list items that follow it
-    st = {"block": 0, "item": False, "ordered": False, "list_neg": False, "list_kept": False,
-          "parent": -1, "fences": 0}
+    st = _state(text)
 
     def add(piece: str, lead: bool = False, quoted: bool = False) -> None:
         for chunk in _bounded(piece.strip()):
@@ -313,7 +354,7 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
             units.append(Unit(chunk, norm, len(units), late or unit_is_late(norm),
                               neg or st["list_neg"], lead=lead, block=st["block"],
                               kept=bool(st["list_kept"]) and st["item"],
-                              quoted=quoted))
+                              quoted=quoted or bool(st["user"])))
             lead = False
 
     def flush() -> None:
@@ -345,6 +386,8 @@ def split_units(text: str) -> tuple[list[Unit], list[Any]]:
             fence = fm.group(1) + fm.group(2).lower()
             st["review"], st["fences"] = under_review(units, st["fences"]), st["fences"] + 1
             continue
+        if st["users"] and _new_voice(line, st):
+            flush()
         if _BLOCKQUOTE.match(line):
             flush()
             add(line.lstrip(" >"), quoted=True)

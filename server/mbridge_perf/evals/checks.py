@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 from mbridge_perf.evals.answer import Answer
 from mbridge_perf.evals.claims import (
     arithmetic_errors,
+    change_errors,
     find_misconceptions,
     misconceptions,
 )
@@ -368,7 +369,7 @@ def no_misconceptions(a: Answer, card: dict[str, Any] | None, terms: list[str], 
     # an omission is judged on the whole answer, so not when its end was left unread
     found: list[Any] = find_misconceptions(card or {}, units, terms,
                                            omissions=omissions and not cut, whole=not cut)
-    found += arithmetic_errors(units)
+    found += arithmetic_errors(units) + change_errors(units)
     found += formula_errors(units)
     found += accumulation_errors(units)
     found += unit_errors(units)

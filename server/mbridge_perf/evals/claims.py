@@ -125,6 +125,9 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 # ("(`offload.cpu-needs-target`)"): section, dot, hyphenated name ("model.cpu_offloading", a
 # config field, has no hyphen).
 _RULE_ID = re.compile(r"[(`|] ?`?[a-z][a-z0-9]*(?:-[a-z0-9]+)*\.[a-z0-9]+(?:-[a-z0-9]+)+`? ?[)`|]")
+# A unit that opens by telling the reader to change something.
+_IMPERATIVE = re.compile(r"^(?:\d+[.)] ?)?(?:raise|increase|set|add|use|enable|switch|move|"
+                         r"turn on|double|bump|lower|reduce|export|go to)\b")
 # "X, not Y" / "X — never Y" / "X rather than Y": a contrast that negates what follows it.
 _CONTRAST = re.compile(r"(?:[,;]|\s[—–-]) (?:but |and )?(?:not|never|rather than|instead of)\b")
 
@@ -249,9 +252,12 @@ def _asserted_in(m: Misconception, u: Unit, body: str = "") -> bool:
         return not (any(is_negated(u, h.start(), h.end()) for h in (hits[0], hits[-1]))
                     or _CONTRAST.search(s, hits[-1].start(), hits[-1].end()))
     if m.kind == "action":
-        if _SEARCH.search(s) or _results_row(s) or _RULE_ID.search(u.text):
+        if (_SEARCH.search(s) or _results_row(s)
+                or (_RULE_ID.search(u.text) and not _IMPERATIVE.match(s))):
             return False    # a term searched for ("$ grep core_attn"), a row of results, a
-            # constraint cited by its rule ("(`offload.cpu-needs-target`): ... must be set")
+            # constraint cited by its rule ("(`offload.cpu-needs-target`): ... must be set"),
+            # not a step that names the rule it checks ("Raise VPP 5 -> 10 after checking
+            # pipeline.vpp-layers-divisible")
         label = _LABEL_LEAD.match(s)
         # the head of a numbered plan step is advice ("2. **Selective recompute with mlp.**")
         advice = (u.lead or bool(_ADVICE.search(s))
@@ -473,6 +479,45 @@ def arithmetic_errors(units: list[Unit], limit: int = 8) -> list[Arithmetic]:
                 continue
             if not math.isclose(actual, stated, rel_tol=0.02):
                 out.append(Arithmetic(expr, stated, round(actual, 4), u))
+    return out
+
+
+# A measured pair with its stated change: "dropped by 17.73%, from 24.7138 s to 20.9920 s",
+# "24.7138 s -> 20.9920 s (-15.06%)". Both values carry decimals (measurements, not a layout's
+# "TP 4 -> 8"); "fell / dropped by x%" and a signed "(-x%)" are read relative to the first value.
+_FALL = r"(?:dropp\w*|drops?|fell|falls?|reduc\w*|decreas\w*|cut|down|lower\w*|shrank|shrinks?)"
+_MEAS = r"(\d{1,7}\.\d{1,6}) ?(?:s|ms|sec|seconds|gb|gib|tflop/s(?:/gpu)?|tokens/s)?"
+_CHANGE = re.compile(
+    rf"\b{_FALL} (?:by )?(?:about |~)?(\d{{1,3}}(?:\.\d{{1,4}})?) ?%[^.;%]{{0,24}}?\bfrom {_MEAS} "
+    rf"(?:to|->) {_MEAS}"
+    rf"|(?<![\d.]){_MEAS} ?(?:->|to) ?{_MEAS}[ ,]{{0,3}}\(([-+])(\d{{1,3}}(?:\.\d{{1,4}})?) ?%\)")
+
+
+def _change_error(hit: re.Match[str], u: Unit) -> Arithmetic | None:
+    """The stated relative change of a measured pair, when it is not the change of the pair."""
+    if hit.group(1) is not None:
+        pct, a, b, falls = float(hit.group(1)), float(hit.group(2)), float(hit.group(3)), True
+    else:
+        a, b, falls = float(hit.group(4)), float(hit.group(5)), hit.group(6) == "-"
+        pct = float(hit.group(7))
+    if a == 0 or (falls != (b < a)):
+        return None
+    actual = abs(b - a) / a * 100
+    if math.isclose(pct, actual, rel_tol=0.02, abs_tol=0.06):
+        return None
+    return Arithmetic(f"the change from {a:g} to {b:g} (%)", pct, round(actual, 2), u)
+
+
+def change_errors(units: list[Unit], limit: int = 4) -> list[Arithmetic]:
+    """Relative changes stated wrongly for a measured pair (see ``_CHANGE``)."""
+    out: list[Arithmetic] = []
+    for u in units:
+        for hit in _CHANGE.finditer(u.norm):
+            err = _change_error(hit, u)
+            if err is not None:
+                out.append(err)
+                if len(out) >= limit:
+                    return out
     return out
 
 

@@ -221,6 +221,21 @@ def _typed(cfg: Any, key: str, value: Any) -> Any:
     return cfg
 
 
+def _answers_gap(message: str, names: set[str]) -> str | None:
+    """The part of the message whose named values ("X=True with Y=1") are all ones the answer
+    wrote: the whole message, or its head with one of its "; "-separated gaps ("X=True with
+    EP=1 (needs > 1); moe_shared_expert_overlap=True": the second gap is the answer's own even
+    when EP is not); None when no part is."""
+    parts = message.split("; ")
+    if set(_NAMED.findall(message)) <= names:
+        return message
+    head, _, _ = parts[0].partition(" with ")
+    for p in parts[1:]:
+        if set(_NAMED.findall(head)) | set(_NAMED.findall(p)) <= names:
+            return f"{head} with {p}"
+    return None
+
+
 def _validated(got: Settings) -> list[ConfigFinding]:
     """The errors of one config the answer states (see the module docstring)."""
     from mbridge_perf.advise.changes import apply_changes
@@ -243,8 +258,7 @@ def _validated(got: Settings) -> list[ConfigFinding]:
     names = {k.rsplit(".", 1)[-1] for k in got}
     for f in validate(cfg).findings:
         mine = [k for k in f.fields if k in got]
-        # every value the message names ("X=True with Y=1") is one the answer wrote
-        named = set(_NAMED.findall(f.message))
-        if f.severity == "error" and len(mine) >= 2 and named <= names:
-            out.append(ConfigFinding(f.rule_id, f.message, got[mine[-1]][1]))
+        said = _answers_gap(f.message, names) if f.severity == "error" else None
+        if said is not None and len(mine) >= 2:
+            out.append(ConfigFinding(f.rule_id, said, got[mine[-1]][1]))
     return out

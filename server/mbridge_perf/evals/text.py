@@ -128,6 +128,9 @@ def term_regex(term: str) -> re.Pattern[str]:
 # ---------------------------------------------------------------- cues
 
 _BREAK = re.compile(r";|\.\s|\?\s|!\s|\s[—–]\s|\s-\s|\)|\bbut\b|\bhowever\b|\bwhereas\b"
+                    # a purpose clause with its own subject: "set X so attention does not ..."
+                    r"|\sso (?:that )?(?=(?:[\w-]+ ){1,4}"
+                    r"(?:does|do|did|is|are|will|would|can|cannot)\b)"
                     r"|,\s*(?:then|so|and then|which|while|instead|it|this|that)\b|:\s|。"
                     # "skip the warm-up and average 11-20": a second imperative is its own clause
                     r"|\band (?=(?:then )?(?:average|take|compute|use|set|add|run|compare|read|"

@@ -188,3 +188,39 @@ def test_long_context_mfu_across_precisions() -> None:
                          "peak, so it is the fair cross-precision comparison.",
                          "Compare TFLOP/s/GPU, not MFU: FP8 MFU uses a higher peak.")
     assert not _failed(LONG, fixed, "misconceptions")
+
+
+# ------------------------------------------------------------------ narrow answers read fairly
+
+def test_a_not_options_label_rejects_every_item_past_its_semicolons() -> None:
+    text = ("Allocator is set and rank 0 still OOMs.\n\n"
+            "**Not options:** layer CPU offloading (PP 4 > 1); VPP (a bubble knob); "
+            "FP8 as a memory fix (higher-precision copies are kept).")
+    assert not _failed(MEMORY, text, "misconceptions")
+    plain = text.replace("**Not options:** layer CPU offloading (PP 4 > 1); VPP (a bubble knob); ",
+                         "**Options:** ")
+    assert _failed(MEMORY, plain.replace(" (higher-precision copies are kept)",
+                                         ": FP8 halves the weight memory"), "misconceptions")
+
+
+def test_capacity_after_the_allocator_is_ruled_out_is_no_claim() -> None:
+    claim = "This is a genuine capacity limit, not fragmentation."
+    assert not _failed(MEMORY, "The allocator is ruled out. " + claim, "misconceptions")
+    assert _failed(MEMORY, "Only rank 0 is over. " + claim, "misconceptions")
+
+
+LABELLED = """Ship check for the overlap candidate:
+
+1. **Retune one variable at a time** against the matched baseline.
+2. **Validate over at least 50 steps**, window 41-50, finite loss, zero skipped/NaN.
+3. {last}"""
+
+
+def test_labelling_a_result_is_no_contract_step() -> None:
+    text = LABELLED.format(last="Label the result training-equivalent or benchmark-only.")
+    assert not _failed(WORKFLOW, text, "checklist.order")
+
+
+def test_freezing_the_contract_last_is_still_out_of_order() -> None:
+    text = LABELLED.format(last="Freeze the measurement contract.")
+    assert _failed(WORKFLOW, text, "checklist.order")

@@ -194,7 +194,13 @@ _IN_PLACE = re.compile(
     r"|\bregardless\b|\bin any case\b|\beither way\b"
     r"|\b(?:make sure|ensure)\b[^.;]{0,80}\b(?:is|are) (?:exported|set|on|in place)\b(?! first)"
     # "keep X and Y in the job env"
-    r"|\bkeep\b[^.;]{0,120}\bin (?:the |your )?(?:job(?:'s)? )?env(?:ironment)?\b")
+    r"|\bkeep\b[^.;]{0,120}\bin (?:the |your )?(?:job(?:'s)? )?env(?:ironment)?\b"
+    # a result labelled with the contract's labels ("label each result training-equivalent or
+    # benchmark-only"): reporting a run, not the step that freezes the contract
+    r"|\blabel\w*\b[^.;]{0,80}\btraining[- ]equivalent"
+    r"|training[- ]equivalent(?: or | ?/ ?)benchmark[- ]only"
+    r"|\b(?:report\w*|count\w*|treat\w*|mark\w*) (?:it |them |this |the result )?as (?:a )?"
+    r"training[- ]equivalent|\bneeds? an? training[- ]equivalent run")
 
 
 # "It only belongs to full (with recompute_method)", "this applies only to selective": where a
@@ -204,7 +210,15 @@ _WHERE_IT_BELONGS = re.compile(r"\b(?:only )?belongs? (?:only )?to\b|\bappl(?:y|
                                # a constraint stated: "full is only accepted with a full-iteration
                                # graph"
                                r"|\b(?:is|are) only (?:accepted|allowed|supported|legal) "
-                               r"(?:with|when|under|for|on)\b")
+                               r"(?:with|when|under|for|on)\b"
+                               # how a field works, stated: "MCore treats full as a different
+                               # mechanism", "the check only allows it with ...", "full cannot
+                               # coexist with TE graphs", "the fields are complete"
+                               r"|\bonly allows?\b|\b(?:different|separate) mechanism\b"
+                               r"|\bcannot coexist\b"
+                               r"|\bfields? (?:themselves )?(?:is|are) complete\b"
+                               # an alternative offered, not a step: "if you'd rather use block"
+                               r"|\bif you(?:'d| would) rather\b")
 
 
 # A list of the facts to gather before any change ("Gather facts: TP/PP/..., the current

@@ -299,6 +299,8 @@ class _Scan:
         self.skip = _merge(self.late + self.cond)
         self.reported = [m.start() for m in _REPORTED.finditer(s)]
         self.label_ends = [m.end() for m in _LABEL.finditer(s)]
+        lead = _LIST_LABEL.match(s)
+        self.list_label_end = lead.end() if lead else -1
         self.semis = [k for k, ch in enumerate(s) if ch == ";"]
         self.prefix = [(m.start(), m.end()) for m in _PREFIX.finditer(s)
                        if not self.masked(m.start(), m.end())]
@@ -429,7 +431,8 @@ def is_negated(unit: Unit, start: int, end: int) -> bool:
 # "Avoid: TP=8, PP=8", "Do not trade DP for PP: PP 4→8 ..." — a cue used as a label (or a
 # negated lead-in ending in a colon) negates the rest of the unit up to a ";".
 _LABEL = re.compile(r"\b(?:avoid|do not|don't|never|rejected|not recommended|what not to do|"
-                    r"wrong|mistakes?|claims to avoid)\s*:|"
+                    r"wrong|mistakes?|claims to avoid|not (?:available|applicable|an option|"
+                    r"options|possible|usable)|unavailable|ruled out|off the table)\s*:|"
                     r"(?:(?:やって|して)はいけないこと|やらないこと|避けること|禁止事項)\W{0,3}[:：]|"
                     r"^\s*(?:\d+[.)]\s*)?(?:do not|don't|never|avoid|no)\b[^:;.]{0,80}:")
 # A table row whose verdict cell (any cell after the first) opens with a rejection: "| TP 4→8 |
@@ -454,7 +457,15 @@ _GRAPH_LIST = re.compile(r"cuda[_ ]graph[_ ](?:modules|scope)\s*[:=]?\s*\[[^\]]{
                          r"(?:,\s*|\s+and\s+|\s+)?){1,6}")
 
 
+# A unit led by a label that rejects a list ("Not options: layer offloading (PP 4); VPP (a
+# bubble knob); FP8 as a memory fix"): every item after it, past the semicolons, is rejected.
+_LIST_LABEL = re.compile(r"^\W{0,3}(?:not (?:available|applicable|an option|options|possible|"
+                         r"usable)|unavailable|ruled out|off the table|rejected|excluded)\s*:")
+
+
 def _under_label(sc: _Scan, start: int) -> bool:
+    if 0 <= sc.list_label_end <= start:
+        return True
     k = bisect_left(sc.label_ends, start + 1) - 1
     if k < 0:
         return False

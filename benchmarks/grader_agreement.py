@@ -191,6 +191,15 @@ computed variable, "hidden_share = hidden / sum(...)", is no invented knob; foun
 moved one more kept verdict, a bad answer failed before only for such a variable: the kept ten
 now read 246/320 (76.9 %; 136/160 and 110/160), the 576 450 (78.1 %). The old developed folders
 read 852 of 920 (850 at the start), heldout37-39 90 of 96 (89).
+Stop 35 had eight new batches written before any work began, heldout61-68 (256 answers, same
+prompt), graded first at the start-of-stop grader aafc111: 201/256 (78.5 %; good answers passing
+109/128, bad answers failing 92/128). It opened heldout53-60 for development (204/256 at aafc111)
+and kept heldout31-36 and heldout49-52 unread (246/320 at aafc111). Final grades, by commit only
+(moved verdicts attributed by check name and claim id, no answer text read): heldout61-68 210/256
+(82.0 %; 114/128 and 96/128), nine verdicts moved, all to the right side; the kept ten 254/320
+(79.4 %; 140/160 and 114/160), eight moved, all to the right side. The 576 unseen answers
+together read 447 -> 464 (77.6 % -> 80.6 %). heldout53-60 read 245/256 after development, the
+older developed folders 868 of 920, heldout37-39 91 of 96, heldout40-48 270 of 288.
 """
 
 from __future__ import annotations
@@ -243,17 +252,17 @@ BLIND = {"heldout": "blind batch 1 (measured once at 19/24, developed on since)"
          "heldout29": "blind batch 29 (measured once at 21/32, developed on since)",
          "heldout30": "blind batch 30 (measured once at 23/32, developed on since)",
          "heldout31": ("blind batch 31 (measured at 25/32, end of stop 32 26/32, end of stop 33 "
-                       "26/32, stop 34 26/32; unread)"),
+                       "26/32, stop 34 26/32, stop 35 28/32; unread)"),
          "heldout32": ("blind batch 32 (measured at 22/32, end of stop 32 21/32, end of stop 33 "
-                       "21/32, stop 34 21/32; unread)"),
+                       "21/32, stop 34 21/32, stop 35 21/32; unread)"),
          "heldout33": ("blind batch 33 (measured at 26/32, end of stop 32 26/32, end of stop 33 "
-                       "25/32, stop 34 24/32; unread)"),
+                       "25/32, stop 34 24/32, stop 35 25/32; unread)"),
          "heldout34": ("blind batch 34 (measured at 25/32, end of stop 32 25/32, end of stop 33 "
-                       "25/32, stop 34 26/32; unread)"),
+                       "25/32, stop 34 26/32, stop 35 26/32; unread)"),
          "heldout35": ("blind batch 35 (measured at 23/32, end of stop 32 23/32, end of stop 33 "
-                       "24/32, stop 34 26/32; unread)"),
+                       "24/32, stop 34 26/32, stop 35 26/32; unread)"),
          "heldout36": ("blind batch 36 (measured at 21/32, end of stop 32 22/32, end of stop 33 "
-                       "22/32, stop 34 22/32; unread)"),
+                       "22/32, stop 34 22/32, stop 35 23/32; unread)"),
          "heldout37": "blind batch 37 (measured once at 27/32, developed on in stop 33)",
          "heldout38": "blind batch 38 (measured once at 25/32, developed on in stop 33)",
          "heldout39": "blind batch 39 (measured once at 25/32, developed on in stop 33)",
@@ -276,21 +285,37 @@ BLIND = {"heldout": "blind batch 1 (measured once at 19/24, developed on since)"
          "heldout48": ("blind batch 48 (measured at 25/32, end of stop 33 26/32; developed on in "
                        "stop 34: 29/32)"),
          "heldout49": ("blind batch 49 (6af0333 23/32, end of stop 33 23/32, stop 34 23/32; "
-                       "unread)"),
+                       "stop 35 24/32; unread)"),
          "heldout50": ("blind batch 50 (6af0333 28/32, end of stop 33 29/32, stop 34 29/32; "
-                       "unread)"),
+                       "stop 35 31/32; unread)"),
          "heldout51": ("blind batch 51 (6af0333 26/32, end of stop 33 26/32, stop 34 27/32; "
-                       "unread)"),
+                       "stop 35 27/32; unread)"),
          "heldout52": ("blind batch 52 (6af0333 21/32, end of stop 33 22/32, stop 34 22/32; "
-                       "unread)"),
-         "heldout53": "blind batch 53 (40b3ba3 27/32, end of stop 34 27/32; unread)",
-         "heldout54": "blind batch 54 (40b3ba3 20/32, end of stop 34 22/32; unread)",
-         "heldout55": "blind batch 55 (40b3ba3 24/32, end of stop 34 27/32; unread)",
-         "heldout56": "blind batch 56 (40b3ba3 26/32, end of stop 34 28/32; unread)",
-         "heldout57": "blind batch 57 (40b3ba3 28/32, end of stop 34 28/32; unread)",
-         "heldout58": "blind batch 58 (40b3ba3 19/32, end of stop 34 21/32; unread)",
-         "heldout59": "blind batch 59 (40b3ba3 22/32, end of stop 34 24/32; unread)",
-         "heldout60": "blind batch 60 (40b3ba3 24/32, end of stop 34 27/32; unread)"}
+                       "stop 35 23/32; unread)"),
+         "heldout53": ("blind batch 53 (40b3ba3 27/32, end of stop 34 27/32; developed on in "
+                       "stop 35: 32/32)"),
+         "heldout54": ("blind batch 54 (40b3ba3 20/32, end of stop 34 22/32; developed on in "
+                       "stop 35: 29/32)"),
+         "heldout55": ("blind batch 55 (40b3ba3 24/32, end of stop 34 27/32; developed on in "
+                       "stop 35: 31/32)"),
+         "heldout56": ("blind batch 56 (40b3ba3 26/32, end of stop 34 28/32; developed on in "
+                       "stop 35: 32/32)"),
+         "heldout57": ("blind batch 57 (40b3ba3 28/32, end of stop 34 28/32; developed on in "
+                       "stop 35: 31/32)"),
+         "heldout58": ("blind batch 58 (40b3ba3 19/32, end of stop 34 21/32; developed on in "
+                       "stop 35: 29/32)"),
+         "heldout59": ("blind batch 59 (40b3ba3 22/32, end of stop 34 24/32; developed on in "
+                       "stop 35: 30/32)"),
+         "heldout60": ("blind batch 60 (40b3ba3 24/32, end of stop 34 27/32; developed on in "
+                       "stop 35: 31/32)"),
+         "heldout61": "blind batch 61 (aafc111 23/32, end of stop 35 24/32; unread)",
+         "heldout62": "blind batch 62 (aafc111 28/32, end of stop 35 28/32; unread)",
+         "heldout63": "blind batch 63 (aafc111 25/32, end of stop 35 27/32; unread)",
+         "heldout64": "blind batch 64 (aafc111 25/32, end of stop 35 25/32; unread)",
+         "heldout65": "blind batch 65 (aafc111 25/32, end of stop 35 26/32; unread)",
+         "heldout66": "blind batch 66 (aafc111 25/32, end of stop 35 28/32; unread)",
+         "heldout67": "blind batch 67 (aafc111 27/32, end of stop 35 28/32; unread)",
+         "heldout68": "blind batch 68 (aafc111 23/32, end of stop 35 24/32; unread)"}
 PREFIX = "nemo-mbridge-perf-"
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 
